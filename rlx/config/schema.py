@@ -1,0 +1,598 @@
+"""Typed configuration: the single source of truth for every key.
+
+`rlx/trainer/config/ppo_trainer.yaml` is the YAML view of these dataclasses (regenerate it with
+`python -m rlx.config.export`); a test keeps the two identical. Key names follow verl's ppo_trainer.yaml
+so that a verl command line works unchanged. Keys that verl has and rlx does not implement yet are present
+with verl's defaults and listed in `NOT_SUPPORTED`: setting one to another value fails validation.
+Each field carries a docstring (the string literal under it); the YAML export turns them into comments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+try:
+    from rlx.offload import ActivationOffloadConfig
+except ImportError:  # TEMP until rlx.offload lands
+    @dataclass
+    class ActivationOffloadConfig:
+        min_tensor_bytes: int = 1 << 20
+        """Saved tensors smaller than this stay on the device."""
+
+
+@dataclass
+class DataConfig:
+    tokenizer: Optional[str] = None
+    """Tokenizer path; null uses the actor model's tokenizer."""
+    train_files: Any = "synthetic://digits?size=2048&seed=0"
+    """Parquet file(s) in verl's row format, or a built-in synthetic task `synthetic://<task>?size=N&seed=S`."""
+    val_files: Any = "synthetic://digits?size=64&seed=1"
+    """Validation parquet file(s) (same format)."""
+    prompt_key: str = "prompt"
+    """Column holding the chat messages of the prompt."""
+    reward_fn_key: str = "data_source"
+    """Column used to pick the reward function."""
+    max_prompt_length: int = 16
+    """Prompts are left-padded to this many tokens."""
+    max_response_length: int = 16
+    """Maximum generated tokens per response."""
+    train_batch_size: int = 16
+    """Prompts per training step (each sampled rollout.n times)."""
+    val_batch_size: Optional[int] = None
+    """Prompts per validation batch; null means the whole validation set at once."""
+    return_raw_chat: bool = False
+    """Keep the raw chat messages in the batch."""
+    shuffle: bool = True
+    """Shuffle the training set each epoch."""
+    seed: int = 1
+    """Seed of the training-set shuffle."""
+    filter_overlong_prompts: bool = False
+    """Drop prompts longer than max_prompt_length when the dataset loads."""
+    truncation: str = "error"
+    """What to do with an overlong prompt: error | left | right | middle."""
+    apply_chat_template: bool = True
+    """Format prompts with the tokenizer's chat template when it has one."""
+    trust_remote_code: bool = False
+    """Passed to the tokenizer loader."""
+    dataloader_num_workers: int = 0
+    """verl key; prompts are tokenized up front, so rlx loads in the driver."""
+    use_shm: bool = False
+    """verl key (not supported yet)."""
+    return_raw_input_ids: bool = False
+    """verl key (not supported yet)."""
+    return_full_prompt: bool = False
+    """verl key (not supported yet)."""
+    validation_shuffle: bool = False
+    """verl key (not supported yet)."""
+    filter_overlong_prompts_workers: int = 1
+    """verl key; filtering runs in the driver."""
+    image_key: str = "images"
+    """verl key (multi-modal data is not supported yet)."""
+    video_key: str = "videos"
+    """verl key (multi-modal data is not supported yet)."""
+    custom_cls: dict = field(default_factory=lambda: {"path": None, "name": None})
+    """verl key (custom dataset classes are not supported yet)."""
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = False
+    """Keep sharded parameters on the CPU between uses."""
+    optimizer_offload: bool = False
+    """Keep optimizer state on the CPU between updates."""
+    offload_policy: bool = False
+    """FSDP2 only: use CPUOffloadPolicy (parameters, gradients and optimizer step on the CPU)."""
+    reshard_after_forward: bool = True
+    """Free gathered parameters after forward (ZeRO-3); False keeps them until backward (ZeRO-2)."""
+    fsdp_size: int = -1
+    """verl key: FSDP group size (-1: all ranks). Hybrid sharding is not supported yet."""
+    forward_prefetch: bool = False
+    """FSDP1: prefetch the next all-gather during forward."""
+    wrap_policy: dict = field(default_factory=lambda: {"min_num_params": 0})
+    """verl key; rlx wraps every decoder layer (the HF model's _no_split_modules) and the root."""
+    model_dtype: str = "fp32"
+    """dtype of the sharded master weights: fp32 | bf16."""
+    mixed_precision: dict = field(default_factory=lambda: {"param_dtype": "fp32", "reduce_dtype": "fp32",
+                                                           "buffer_dtype": "fp32"})
+    """Compute dtypes for FSDP mixed precision (bf16 on GPUs in the recipes)."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "builtin://tiny-qwen2"
+    """HF model directory, hub-style id already on disk, or builtin://tiny-qwen2."""
+    custom_chat_template: Optional[str] = None
+    """A Jinja chat template that replaces the tokenizer's."""
+    external_lib: Optional[str] = None
+    """Module to import before building the model (registers custom architectures)."""
+    override_config: dict = field(default_factory=dict)
+    """HF config attributes to override, e.g. {attention_dropout: 0.0}."""
+    enable_gradient_checkpointing: bool = True
+    """Recompute each decoder layer in backward instead of saving its activations."""
+    enable_activation_offload: bool = False
+    """Offload saved activations to (pinned) CPU memory during update steps (strategy fsdp or fsdp2)."""
+    activation_offload: ActivationOffloadConfig = field(default_factory=ActivationOffloadConfig)
+    """Knobs of the activation offload (only read when enable_activation_offload is true)."""
+    trust_remote_code: bool = False
+    """Passed to the HF loaders."""
+    use_remove_padding: bool = False
+    """verl key (not supported yet)."""
+    use_shm: bool = False
+    """verl key (not supported yet)."""
+    lora_rank: int = 0
+    """verl key (LoRA is not supported yet)."""
+    lora_alpha: int = 16
+    """verl key (LoRA is not supported yet)."""
+    target_modules: Any = "all-linear"
+    """verl key (LoRA is not supported yet)."""
+    exclude_modules: Optional[str] = None
+    """verl key (LoRA is not supported yet)."""
+    use_liger: bool = False
+    """verl key (not supported yet)."""
+    use_fused_kernels: bool = False
+    """verl key (not supported yet)."""
+    fused_kernel_options: dict = field(default_factory=lambda: {"impl_backend": "torch"})
+    """verl key (not supported yet)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    lr_warmup_steps: int = -1
+    """Warm-up steps; -1 uses lr_warmup_steps_ratio."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warm-up as a fraction of the total training steps."""
+    min_lr_ratio: float = 0.0
+    """Cosine schedule floor as a fraction of lr."""
+    num_cycles: float = 0.5
+    """Cosine cycles."""
+    warmup_style: str = "constant"
+    """Schedule after warm-up: constant | cosine."""
+    total_training_steps: int = -1
+    """Filled in by the trainer."""
+
+
+@dataclass
+class CheckpointContents:
+    save_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    """What a checkpoint saves."""
+    load_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    """What a resume loads."""
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+    """Policy loss: vanilla (PPO clip with dual clip)."""
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "fsdp2"
+    """Training backend: fsdp (FSDP1) | fsdp2 (fully_shard)."""
+    ppo_mini_batch_size: int = 8
+    """Prompts per optimizer step (multiplied by rollout.n), before dividing across ranks."""
+    ppo_micro_batch_size: Optional[int] = None
+    """verl key (deprecated global micro-batch); use ppo_micro_batch_size_per_gpu."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = 8
+    """Sequences per forward/backward on each rank (gradient accumulation inside a mini-batch)."""
+    use_dynamic_bsz: bool = False
+    """verl key (not supported yet)."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """verl key (used with use_dynamic_bsz)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm."""
+    clip_ratio: float = 0.2
+    """PPO clip range (used when clip_ratio_low/high are null)."""
+    clip_ratio_low: Optional[float] = 0.2
+    """Lower clip range."""
+    clip_ratio_high: Optional[float] = 0.2
+    """Upper clip range (clip-higher)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip constant for negative advantages (> 1)."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """Policy loss settings."""
+    loss_agg_mode: str = "token-mean"
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus coefficient."""
+    use_kl_loss: bool = False
+    """Add a KL(actor || ref) loss term (GRPO style)."""
+    kl_loss_coef: float = 0.001
+    """Coefficient of the KL loss."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator of the loss: kl(k1) | abs | mse(k2) | low_var_kl(k3)."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    shuffle: bool = False
+    """Shuffle mini-batches between PPO epochs."""
+    data_loader_seed: Optional[int] = None
+    """Seed of that shuffle."""
+    ulysses_sequence_parallel_size: int = 1
+    """verl key (sequence parallelism is not supported yet)."""
+    use_torch_compile: bool = True
+    """verl key; rlx does not compile (accepted, ignored for speed only)."""
+    entropy_from_logits_with_chunking: bool = False
+    """verl key (not supported yet)."""
+    entropy_checkpointing: bool = False
+    """verl key (not supported yet)."""
+    checkpoint: CheckpointContents = field(default_factory=CheckpointContents)
+    """Checkpoint contents."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    """Optimizer."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP settings of the actor."""
+
+
+@dataclass
+class RefConfig:
+    strategy: str = "${actor_rollout_ref.actor.strategy}"
+    """Backend of the reference model (follows the actor)."""
+    fsdp_config: FSDPConfig = field(default_factory=lambda: FSDPConfig())
+    """FSDP settings of the reference model."""
+    use_torch_compile: bool = "${actor_rollout_ref.actor.use_torch_compile}"  # type: ignore[assignment]
+    """verl key."""
+    log_prob_micro_batch_size: Optional[int] = None
+    """verl key (deprecated); use log_prob_micro_batch_size_per_gpu."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = 16
+    """Sequences per reference log-prob forward on each rank."""
+    log_prob_use_dynamic_bsz: bool = False
+    """verl key (not supported yet)."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """verl key."""
+    ulysses_sequence_parallel_size: int = 1
+    """verl key (not supported yet)."""
+    entropy_from_logits_with_chunking: bool = False
+    """verl key (not supported yet)."""
+    entropy_checkpointing: bool = False
+    """verl key (not supported yet)."""
+
+
+@dataclass
+class ValKwargs:
+    top_k: int = -1
+    """Validation top-k."""
+    top_p: float = 1.0
+    """Validation top-p."""
+    temperature: float = 0.0
+    """Validation temperature (0: greedy)."""
+    n: int = 1
+    """Samples per validation prompt."""
+    do_sample: bool = False
+    """Sample during validation (False: greedy)."""
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "auto"
+    """Rollout engine: vllm | hf | auto (vllm when it imports, else hf, with one log line)."""
+    mode: str = "sync"
+    """verl key: only sync rollout is supported."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_k: int = -1
+    """Top-k (-1: off)."""
+    top_p: float = 1.0
+    """Top-p."""
+    do_sample: bool = True
+    """Sample (False: greedy)."""
+    n: int = 4
+    """Responses per prompt (GRPO/RLOO group size)."""
+    seed: int = 0
+    """Base sampling seed (each rank adds its rank)."""
+    prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
+    """Follows data.max_prompt_length."""
+    response_length: int = "${data.max_response_length}"  # type: ignore[assignment]
+    """Follows data.max_response_length."""
+    dtype: str = "bfloat16"
+    """vLLM weights dtype on GPUs (CPU runs use float32)."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM may take (weights + KV cache)."""
+    ignore_eos: bool = False
+    """Keep generating past EOS."""
+    enforce_eager: bool = True
+    """Disable CUDA graphs in vLLM."""
+    free_cache_engine: bool = True
+    """Free the KV cache (vLLM sleep) between rollouts."""
+    load_format: str = "dummy_dtensor"
+    """verl key; rlx syncs weights from FSDP before every generation."""
+    layered_summon: bool = False
+    """verl key (not supported yet)."""
+    tensor_model_parallel_size: int = 1
+    """vLLM tensor parallel size (must divide the world size)."""
+    max_num_batched_tokens: int = 8192
+    """vLLM scheduler token budget."""
+    max_model_len: Optional[int] = None
+    """vLLM context length; null: max_prompt_length + max_response_length."""
+    max_num_seqs: int = 1024
+    """vLLM concurrent sequences."""
+    log_prob_micro_batch_size: Optional[int] = None
+    """verl key (deprecated); use log_prob_micro_batch_size_per_gpu."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = 16
+    """Sequences per old-log-prob forward on each rank."""
+    log_prob_use_dynamic_bsz: bool = False
+    """verl key (not supported yet)."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """verl key."""
+    disable_log_stats: bool = True
+    """vLLM stats logging off."""
+    enable_chunked_prefill: bool = True
+    """vLLM chunked prefill."""
+    calculate_log_probs: bool = False
+    """Return the rollout's log-probs (logs training/rollout_probs_diff_*)."""
+    engine_kwargs: dict = field(default_factory=lambda: {"vllm": {}})
+    """Extra keyword arguments for the engine."""
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    """Sampling during validation."""
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    """Actor, rollout and ref share one worker (the only mode)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Policy training."""
+    ref: RefConfig = field(default_factory=RefConfig)
+    """Reference policy (KL)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation."""
+
+
+@dataclass
+class CriticModelConfig:
+    path: str = "${actor_rollout_ref.model.path}"
+    """Critic base model (a value head replaces the LM head)."""
+    tokenizer_path: str = "${actor_rollout_ref.model.path}"
+    """Tokenizer of the critic."""
+    override_config: dict = field(default_factory=dict)
+    """HF config attributes to override."""
+    external_lib: Optional[str] = None
+    """Module imported before building the model."""
+    enable_gradient_checkpointing: bool = True
+    """Recompute decoder layers in backward."""
+    enable_activation_offload: bool = False
+    """Offload saved activations to CPU memory during critic updates (strategy fsdp or fsdp2)."""
+    activation_offload: ActivationOffloadConfig = field(default_factory=ActivationOffloadConfig)
+    """Knobs of the activation offload."""
+    trust_remote_code: bool = False
+    """Passed to the HF loaders."""
+    use_remove_padding: bool = False
+    """verl key (not supported yet)."""
+    use_shm: bool = False
+    """verl key (not supported yet)."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP settings of the critic."""
+    lora_rank: int = 0
+    """verl key (LoRA is not supported yet)."""
+    lora_alpha: int = 16
+    """verl key (LoRA is not supported yet)."""
+    target_modules: Any = "all-linear"
+    """verl key (LoRA is not supported yet)."""
+
+
+@dataclass
+class CriticConfig:
+    rollout_n: int = "${actor_rollout_ref.rollout.n}"  # type: ignore[assignment]
+    """Follows actor_rollout_ref.rollout.n."""
+    strategy: str = "${actor_rollout_ref.actor.strategy}"
+    """Training backend of the critic: fsdp | fsdp2."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    """Critic optimizer."""
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    """The value model."""
+    ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
+    """Prompts per critic optimizer step (multiplied by rollout.n)."""
+    ppo_micro_batch_size: Optional[int] = None
+    """verl key (deprecated); use ppo_micro_batch_size_per_gpu."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = "${actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    """Sequences per critic forward/backward on each rank."""
+    forward_micro_batch_size: Optional[int] = None
+    """verl key (deprecated)."""
+    forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    """Sequences per value forward on each rank."""
+    use_dynamic_bsz: bool = False
+    """verl key (not supported yet)."""
+    ppo_max_token_len_per_gpu: int = 32768
+    """verl key."""
+    forward_max_token_len_per_gpu: int = 32768
+    """verl key."""
+    ulysses_sequence_parallel_size: int = 1
+    """verl key (not supported yet)."""
+    ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"  # type: ignore[assignment]
+    """Passes over each batch."""
+    shuffle: bool = "${actor_rollout_ref.actor.shuffle}"  # type: ignore[assignment]
+    """Shuffle mini-batches."""
+    grad_clip: float = 1.0
+    """Max gradient norm."""
+    cliprange_value: float = 0.5
+    """Value clip range."""
+    loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"
+    """Aggregation of the value loss."""
+    checkpoint: CheckpointContents = field(default_factory=CheckpointContents)
+    """Checkpoint contents."""
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False
+    """verl key: model-based rewards are not supported yet (rule rewards only)."""
+    strategy: str = "fsdp"
+    """verl key."""
+    reward_manager: str = "naive"
+    """Reward manager: naive (one score per response, on its last token)."""
+    reward_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments of the score function (e.g. format_score)."""
+    launch_reward_fn_async: bool = False
+    """verl key (not supported yet)."""
+    model: dict = field(default_factory=lambda: {"path": None})
+    """verl key (reward models are not supported yet)."""
+    micro_batch_size_per_gpu: Optional[int] = None
+    """verl key."""
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: Optional[str] = None
+    """Python file that defines the score function."""
+    name: str = "compute_score"
+    """Function name: compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict."""
+
+
+@dataclass
+class KLCtrlConfig:
+    type: str = "fixed"
+    """fixed | adaptive."""
+    kl_coef: float = 0.001
+    """(Initial) KL coefficient of the in-reward penalty."""
+    horizon: int = 10000
+    """Adaptive controller horizon."""
+    target_kl: float = 0.1
+    """Adaptive controller target."""
+
+
+@dataclass
+class AlgorithmConfig:
+    gamma: float = 1.0
+    """Discount."""
+    lam: float = 1.0
+    """GAE lambda."""
+    adv_estimator: str = "grpo"
+    """Advantage estimator: gae | grpo | rloo."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group std."""
+    use_kl_in_reward: bool = False
+    """Subtract a KL penalty from the token rewards."""
+    kl_penalty: str = "kl"
+    """KL estimator of the in-reward penalty: kl(k1) | abs | mse(k2) | low_var_kl(k3)."""
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    """KL controller of the in-reward penalty."""
+    use_pf_ppo: bool = False
+    """verl key (not supported yet)."""
+
+
+@dataclass
+class TrainerConfig:
+    balance_batch: bool = True
+    """verl key; rlx splits batches evenly by rows."""
+    total_epochs: int = 1
+    """Epochs over the training set."""
+    total_training_steps: Optional[int] = 6
+    """Stop after this many steps (null: total_epochs over the data)."""
+    project_name: str = "rlx"
+    """Project name (loggers, checkpoint dir)."""
+    experiment_name: str = "default"
+    """Experiment name (loggers, checkpoint dir)."""
+    logger: list = field(default_factory=lambda: ["console"])
+    """Loggers: console | tensorboard | wandb."""
+    log_val_generations: int = 0
+    """Validation generations printed per validation."""
+    nnodes: int = 1
+    """Nodes."""
+    n_gpus_per_node: int = 2
+    """Workers per node (GPUs, or CPU processes with device=cpu)."""
+    device: str = "cpu"
+    """cuda | cpu (gloo)."""
+    save_freq: int = -1
+    """Save a checkpoint every N steps (-1: never)."""
+    resume_mode: str = "auto"
+    """auto | disable | resume_path."""
+    resume_from_path: Optional[str] = None
+    """Checkpoint dir used with resume_mode=resume_path."""
+    val_before_train: bool = True
+    """Validate before the first step."""
+    val_only: bool = False
+    """Only validate."""
+    test_freq: int = -1
+    """Validate every N steps (-1: only before training and at the end)."""
+    critic_warmup: int = 0
+    """Steps that update only the critic."""
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    """Checkpoint root."""
+    default_hdfs_dir: Optional[str] = None
+    """verl key (not supported yet)."""
+    del_local_ckpt_after_load: bool = False
+    """verl key."""
+    max_actor_ckpt_to_keep: Optional[int] = None
+    """Keep at most this many actor checkpoints (null: all)."""
+    max_critic_ckpt_to_keep: Optional[int] = None
+    """Keep at most this many critic checkpoints (null: all)."""
+    rollout_data_dir: Optional[str] = None
+    """verl key (not supported yet)."""
+    validation_data_dir: Optional[str] = None
+    """verl key (not supported yet)."""
+    seed: int = 0
+    """Seed of model init and sampling."""
+
+
+@dataclass
+class RayInitConfig:
+    address: Optional[str] = None
+    """Ray cluster address; null: RAY_ADDRESS if set, else a local Ray."""
+    num_cpus: Optional[int] = None
+    """CPUs of a local Ray (null: all)."""
+    timeline_json_file: Optional[str] = None
+    """verl key."""
+
+
+@dataclass
+class RLXConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    """Datasets and lengths."""
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    """Actor, rollout and reference policy."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Value model (used by gae)."""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Reward settings."""
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    """User score function."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimation and KL."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop, logging, checkpoints, resources."""
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    """Ray."""
+
+
+# verl keys that exist for compatibility but are not implemented: key -> the only accepted value.
+NOT_SUPPORTED: dict[str, Any] = {
+    "data.use_shm": False,
+    "data.return_raw_input_ids": False,
+    "data.return_full_prompt": False,
+    "data.validation_shuffle": False,
+    "actor_rollout_ref.model.use_remove_padding": False,
+    "actor_rollout_ref.model.use_shm": False,
+    "actor_rollout_ref.model.lora_rank": 0,
+    "actor_rollout_ref.model.use_liger": False,
+    "actor_rollout_ref.model.use_fused_kernels": False,
+    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": False,
+    "actor_rollout_ref.actor.entropy_checkpointing": False,
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": -1,
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": False,
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1,
+    "actor_rollout_ref.rollout.mode": "sync",
+    "actor_rollout_ref.rollout.layered_summon": False,
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": False,
+    "critic.model.use_remove_padding": False,
+    "critic.model.use_shm": False,
+    "critic.model.lora_rank": 0,
+    "critic.model.fsdp_config.fsdp_size": -1,
+    "critic.use_dynamic_bsz": False,
+    "critic.ulysses_sequence_parallel_size": 1,
+    "reward_model.enable": False,
+    "reward_model.launch_reward_fn_async": False,
+    "algorithm.use_pf_ppo": False,
+    "trainer.default_hdfs_dir": None,
+    "trainer.rollout_data_dir": None,
+    "trainer.validation_data_dir": None,
+}

@@ -1,0 +1,210 @@
+"""Every cross-key rule, in one place. Runs on the driver before Ray starts.
+
+Each rule adds a message naming the keys, the bad values and the fix; all problems are reported together
+in one ValueError so a user fixes a command line in one go.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+from rlx.config.schema import NOT_SUPPORTED, RLXConfig
+
+STRATEGIES = ("fsdp", "fsdp2")
+ROLLOUT_NAMES = ("auto", "vllm", "hf")
+ADV_ESTIMATORS = ("gae", "grpo", "rloo")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+TRUNCATIONS = ("error", "left", "right", "middle")
+LOGGERS = ("console", "tensorboard", "wandb")
+
+
+def _get(cfg, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _choice(errors, key, value, choices):
+    if value not in choices:
+        errors.append(f"{key}={value!r} is not valid; choose one of {list(choices)}.")
+
+
+def world_size(cfg: RLXConfig) -> int:
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def num_hidden_layers(model_path: str) -> int | None:
+    """Layer count from the model's config.json (materialises a built-in model on first use)."""
+    from rlx.models import resolve_model_path
+
+    path = os.path.join(resolve_model_path(model_path), "config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("num_hidden_layers")
+
+
+def _check_not_supported(cfg, errors):
+    for key, default in NOT_SUPPORTED.items():
+        value = _get(cfg, key)
+        if value != default:
+            errors.append(f"{key}={value!r} is not supported yet by rlx; remove it (or set {key}={default}).")
+
+
+def _check_offload(cfg, errors):
+    for role, model, strategy_key in (
+        ("actor", cfg.actor_rollout_ref.model, "actor_rollout_ref.actor.strategy"),
+        ("critic", cfg.critic.model, "critic.strategy"),
+    ):
+        if not model.enable_activation_offload:
+            continue
+        prefix = "actor_rollout_ref.model" if role == "actor" else "critic.model"
+        strategy = _get(cfg, strategy_key)
+        if strategy not in STRATEGIES:
+            errors.append(f"{prefix}.enable_activation_offload=True requires {strategy_key} to be fsdp or fsdp2, "
+                          f"got {strategy_key}={strategy!r}. Fix: set {strategy_key}=fsdp2, or "
+                          f"{prefix}.enable_activation_offload=False.")
+            continue
+        if role == "critic" and cfg.algorithm.adv_estimator != "gae":
+            continue  # no critic is built
+        layers = num_hidden_layers(model.path)
+        if layers is not None and layers < 3:
+            errors.append(f"{prefix}.enable_activation_offload=True needs a model with at least 3 decoder layers "
+                          f"({prefix}.path={model.path!r} has {layers}); set "
+                          f"{prefix}.enable_activation_offload=False.")
+
+
+def _check_strategies(cfg, errors):
+    for key in ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy"):
+        value = _get(cfg, key)
+        if value not in STRATEGIES:
+            errors.append(f"{key}={value!r} is not supported; rlx trains with fsdp or fsdp2. Fix: {key}=fsdp2.")
+
+
+def _check_batch_sizes(cfg, errors):
+    ws = world_size(cfg)
+    n = cfg.actor_rollout_ref.rollout.n
+    tbs = cfg.data.train_batch_size
+    if ws < 1:
+        errors.append(f"trainer.nnodes * trainer.n_gpus_per_node must be >= 1, got {ws}.")
+        return
+    if (tbs * n) % ws:
+        errors.append(f"data.train_batch_size * actor_rollout_ref.rollout.n = {tbs}*{n} = {tbs * n} sequences do not "
+                      f"divide across world size {ws} (trainer.nnodes * trainer.n_gpus_per_node); choose sizes so "
+                      f"that it divides.")
+    roles = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor)]
+    if cfg.algorithm.adv_estimator == "gae":
+        roles.append(("critic", cfg.critic))
+    for prefix, role in roles:
+        mini, micro = role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_gpu
+        if role.ppo_micro_batch_size is not None:
+            errors.append(f"{prefix}.ppo_micro_batch_size is deprecated in verl and not supported by rlx; set "
+                          f"{prefix}.ppo_micro_batch_size_per_gpu instead.")
+        if mini <= 0 or tbs % mini:
+            errors.append(f"{prefix}.ppo_mini_batch_size={mini} must be positive and divide data.train_batch_size="
+                          f"{tbs}.")
+            continue
+        if (mini * n) % ws:
+            errors.append(f"{prefix}.ppo_mini_batch_size * rollout.n = {mini}*{n} = {mini * n} sequences must divide "
+                          f"across world size {ws}; change {prefix}.ppo_mini_batch_size or trainer.n_gpus_per_node.")
+            continue
+        per_rank = mini * n // ws
+        if micro is None or micro <= 0 or per_rank % micro:
+            errors.append(f"{prefix}.ppo_micro_batch_size_per_gpu={micro} must be positive and divide the per-rank "
+                          f"mini-batch ({prefix}.ppo_mini_batch_size {mini} * rollout.n {n} / world size {ws} = "
+                          f"{per_rank} sequences); e.g. {prefix}.ppo_micro_batch_size_per_gpu="
+                          f"{_largest_divisor(per_rank, micro or per_rank)}.")
+    for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+        value = _get(cfg, key)
+        if value is None or value <= 0:
+            errors.append(f"{key}={value!r} must be a positive integer.")
+    for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size"):
+        if _get(cfg, key) is not None:
+            errors.append(f"{key} is deprecated in verl and not supported by rlx; use {key}_per_gpu.")
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
+
+
+def _check_algorithm(cfg, errors):
+    alg, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    _choice(errors, "algorithm.adv_estimator", alg.adv_estimator, ADV_ESTIMATORS)
+    if alg.adv_estimator in ("grpo", "rloo") and rollout.n < 2:
+        errors.append(f"algorithm.adv_estimator={alg.adv_estimator} compares responses within a group and needs "
+                      f"actor_rollout_ref.rollout.n >= 2, got {rollout.n}. Fix: actor_rollout_ref.rollout.n=4 "
+                      f"(or algorithm.adv_estimator=gae).")
+    _choice(errors, "actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+    _choice(errors, "actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES)
+    _choice(errors, "algorithm.kl_penalty", alg.kl_penalty, KL_TYPES)
+    _choice(errors, "algorithm.kl_ctrl.type", alg.kl_ctrl.type, ("fixed", "adaptive"))
+    if alg.adv_estimator == "gae":
+        _choice(errors, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
+    if actor.clip_ratio_c <= 1.0:
+        errors.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual clip).")
+    for key in ("actor_rollout_ref.actor.optim.warmup_style", "critic.optim.warmup_style"):
+        _choice(errors, key, _get(cfg, key), ("constant", "cosine"))
+
+
+def _check_rollout(cfg, errors):
+    r = cfg.actor_rollout_ref.rollout
+    _choice(errors, "actor_rollout_ref.rollout.name", r.name, ROLLOUT_NAMES)
+    if r.name == "vllm" and importlib.util.find_spec("vllm") is None:
+        from rlx.workers.rollout import VLLM_INSTALL_HINT
+        errors.append(f"actor_rollout_ref.rollout.name=vllm but vLLM is not installed. {VLLM_INSTALL_HINT} "
+                      f"Or use actor_rollout_ref.rollout.name=hf.")
+    greedy = (not r.do_sample) or r.temperature == 0
+    if r.n > 1 and greedy:
+        errors.append(f"actor_rollout_ref.rollout.n={r.n} with greedy sampling (do_sample={r.do_sample}, "
+                      f"temperature={r.temperature}) gives n identical responses; set "
+                      f"actor_rollout_ref.rollout.do_sample=True and temperature > 0, or n=1.")
+    ws = world_size(cfg)
+    tp = r.tensor_model_parallel_size
+    if tp < 1 or ws % tp:
+        errors.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the world size {ws} "
+                      f"(trainer.nnodes * trainer.n_gpus_per_node).")
+    if tp > 1 and cfg.trainer.device == "cpu":
+        errors.append("actor_rollout_ref.rollout.tensor_model_parallel_size > 1 needs GPUs (trainer.device=cuda).")
+    need = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if r.max_model_len is not None and r.max_model_len < need:
+        errors.append(f"actor_rollout_ref.rollout.max_model_len={r.max_model_len} is smaller than data.max_prompt_length"
+                      f" + data.max_response_length = {need}; raise max_model_len or shorten the lengths.")
+
+
+def _check_data_trainer(cfg, errors):
+    _choice(errors, "data.truncation", cfg.data.truncation, TRUNCATIONS)
+    for key in ("data.max_prompt_length", "data.max_response_length", "data.train_batch_size"):
+        if _get(cfg, key) <= 0:
+            errors.append(f"{key} must be positive, got {_get(cfg, key)}.")
+    t = cfg.trainer
+    _choice(errors, "trainer.device", t.device, ("cpu", "cuda"))
+    _choice(errors, "trainer.resume_mode", t.resume_mode, ("auto", "disable", "resume_path"))
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>.")
+    loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
+    for name in loggers:
+        _choice(errors, "trainer.logger", name, LOGGERS)
+    if "wandb" in loggers and importlib.util.find_spec("wandb") is None:
+        errors.append("trainer.logger includes wandb but wandb is not installed: pip install wandb "
+                      "(or drop it from trainer.logger).")
+    if t.total_training_steps is not None and t.total_training_steps <= 0:
+        errors.append(f"trainer.total_training_steps={t.total_training_steps} must be positive or null.")
+
+
+def validate_config(cfg: RLXConfig) -> None:
+    errors: list[str] = []
+    _check_not_supported(cfg, errors)
+    _check_offload(cfg, errors)
+    _check_strategies(cfg, errors)
+    _check_batch_sizes(cfg, errors)
+    _check_algorithm(cfg, errors)
+    _check_rollout(cfg, errors)
+    _check_data_trainer(cfg, errors)
+    if errors:
+        # de-duplicate, keep order
+        seen = list(dict.fromkeys(errors))
+        raise ValueError("Invalid rlx config:\n  - " + "\n  - ".join(seen))

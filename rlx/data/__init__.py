@@ -1,0 +1,1 @@
+"""Prompt data (verl parquet rows or synthetic tasks) and rule-based rewards."""

@@ -1,0 +1,285 @@
+"""Prompt datasets in verl's parquet row format, their collation into left-padded Batches, and a resumable loader.
+
+Row format (one row per prompt)::
+
+    data_source   str                      picks the reward function (`data.reward_fn_key`)
+    prompt        list of chat messages    [{"role": "user", "content": "..."}]   (`data.prompt_key`)
+    ability       str                      (unused here)
+    reward_model  {"style": "rule", "ground_truth": ...}
+    extra_info    dict                     passed to the reward function
+
+A "file" may also be ``synthetic://<task>?size=N&seed=S`` (see :mod:`rlx.data.synthetic`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from rlx.data import synthetic
+from rlx.protocol import Batch
+
+logger = logging.getLogger(__name__)
+
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+NON_TENSOR_KEYS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "index")
+
+
+def _cfg(cfg, name: str, default=None):
+    value = getattr(cfg, name, default)
+    return default if value is None else value
+
+
+def _as_list(files) -> list[str]:
+    if files is None:
+        return []
+    if isinstance(files, (str, os.PathLike)):
+        return [str(files)]
+    return [str(f) for f in files]
+
+
+def _plain(value):
+    """parquet round-trips lists as numpy arrays; turn them (recursively) back into plain Python."""
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _read_parquet(path: str, required: Sequence[str]) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    if not os.path.exists(path):
+        raise ValueError(f"data file {path!r} does not exist; set data.train_files / data.val_files to existing "
+                         f"parquet files (e.g. made by scripts/prepare_gsm8k.py) or a 'synthetic://digits' source")
+    if os.path.isdir(path):
+        raise ValueError(f"data file {path!r} is a directory; give the parquet file(s) inside it")
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # noqa: BLE001 - any reader failure is a bad file
+        raise ValueError(f"data file {path!r} is not a readable parquet file ({type(e).__name__}: {e}); "
+                         f"regenerate it (e.g. with scripts/prepare_gsm8k.py)") from e
+    missing = [c for c in required if c not in table.column_names]
+    if missing:
+        raise ValueError(f"data file {path!r} lacks column(s) {missing} (has {table.column_names}); rows need "
+                         f"verl's format (data_source, prompt, reward_model={{'ground_truth': ...}}, extra_info), "
+                         f"or point data.prompt_key / data.reward_fn_key at the right columns")
+    if table.num_rows == 0:
+        raise ValueError(f"data file {path!r} has no rows; regenerate it or remove it from the data files")
+    return table.to_pylist()
+
+
+class RLDataset:
+    """Prompts tokenized once at construction; ``ds[i]`` is a dict ready for :func:`collate_prompts`."""
+
+    def __init__(self, files, tokenizer, cfg):
+        self.files = _as_list(files)
+        if not self.files:
+            raise ValueError("no data files given; set data.train_files / data.val_files "
+                             "(parquet paths or e.g. 'synthetic://digits?size=1024&seed=0')")
+        self.tokenizer = tokenizer
+        self.prompt_key = _cfg(cfg, "prompt_key", "prompt")
+        self.reward_fn_key = _cfg(cfg, "reward_fn_key", "data_source")
+        self.max_prompt_length = int(_cfg(cfg, "max_prompt_length", 512))
+        self.truncation = _cfg(cfg, "truncation", "error")
+        self.filter_overlong_prompts = bool(_cfg(cfg, "filter_overlong_prompts", False))
+        self.apply_chat_template = bool(_cfg(cfg, "apply_chat_template", True))
+        self.return_raw_chat = bool(_cfg(cfg, "return_raw_chat", False))
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation={self.truncation!r}; choose one of {TRUNCATION_MODES}")
+        if self.max_prompt_length <= 0:
+            raise ValueError(f"data.max_prompt_length={self.max_prompt_length} must be positive")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token; cannot left-pad prompts")
+        self.pad_token_id = int(pad)
+
+        required = [self.prompt_key, self.reward_fn_key, "reward_model"]
+        rows: list[dict] = []
+        origins: list[str] = []
+        for f in self.files:
+            file_rows = synthetic.generate_rows(f) if synthetic.is_synthetic(f) else _read_parquet(f, required)
+            rows.extend(file_rows)
+            origins.extend([f] * len(file_rows))
+
+        texts = [self._render(row, origin, i) for i, (row, origin) in enumerate(zip(rows, origins))]
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+        self._items: list[dict] = []
+        n_over = 0
+        for i, (row, origin, text, tok) in enumerate(zip(rows, origins, texts, ids)):
+            if len(tok) > self.max_prompt_length:
+                n_over += 1
+                if self.filter_overlong_prompts:
+                    continue
+                tok = self._truncate(tok, text, origin, i)
+            rm = row.get("reward_model") or {}
+            rm = _plain(rm)
+            extra = _plain(row.get("extra_info")) or {}
+            item = {
+                "input_ids": list(tok),
+                "data_source": str(row[self.reward_fn_key]),
+                "ground_truth": rm.get("ground_truth") if isinstance(rm, dict) else None,
+                "extra_info": dict(extra) if isinstance(extra, dict) else {"value": extra},
+                "raw_prompt": text,
+                "index": len(self._items),
+            }
+            if self.return_raw_chat:
+                item["raw_chat"] = _plain(row[self.prompt_key])
+            self._items.append(item)
+        if self.filter_overlong_prompts and n_over:
+            logger.warning("filtered %d of %d prompts longer than data.max_prompt_length=%d (files: %s)",
+                           n_over, len(rows), self.max_prompt_length, self.files)
+        elif n_over:
+            logger.warning("truncated (%s) %d of %d prompts longer than data.max_prompt_length=%d",
+                           self.truncation, n_over, len(rows), self.max_prompt_length)
+        if not self._items:
+            raise ValueError(f"no prompts left in {self.files} after filtering prompts longer than "
+                             f"data.max_prompt_length={self.max_prompt_length}; raise it or set "
+                             f"data.filter_overlong_prompts=false with data.truncation=left|right|middle")
+
+    # ---- construction helpers -------------------------------------------------------------------------
+    def _render(self, row: dict, origin: str, i: int) -> str:
+        prompt = _plain(row.get(self.prompt_key))
+        if isinstance(prompt, str):
+            return prompt
+        if not isinstance(prompt, list) or not all(isinstance(m, dict) and "content" in m for m in prompt):
+            raise ValueError(f"data file {origin!r}, row {i}: column {self.prompt_key!r} must be a list of chat "
+                             f"messages [{{'role': 'user', 'content': ...}}] or a string, got {prompt!r:.200}")
+        if self.apply_chat_template and getattr(self.tokenizer, "chat_template", None):
+            messages = [{"role": m.get("role") or "user", "content": m["content"]} for m in prompt]
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return "\n".join(str(m["content"]) for m in prompt)
+
+    def _truncate(self, tok: list[int], text: str, origin: str, i: int) -> list[int]:
+        n = self.max_prompt_length
+        if self.truncation == "left":
+            return tok[-n:]
+        if self.truncation == "right":
+            return tok[:n]
+        if self.truncation == "middle":
+            left = n // 2
+            return tok[:left] + tok[len(tok) - (n - left):]
+        raise ValueError(f"data file {origin!r}, row {i}: prompt has {len(tok)} tokens > "
+                         f"data.max_prompt_length={n} (data.truncation='error'); raise data.max_prompt_length, "
+                         f"set data.filter_overlong_prompts=true, or data.truncation=left|right|middle. "
+                         f"Prompt starts: {text[:120]!r}")
+
+    # ---- dataset protocol -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, idx: int) -> dict:
+        item = self._items[idx]
+        return {**item, "input_ids": list(item["input_ids"]), "extra_info": dict(item["extra_info"])}
+
+    def collate(self, items: list[dict]) -> Batch:
+        return collate_prompts(items, self.pad_token_id, self.max_prompt_length)
+
+
+def collate_prompts(items: list[dict], pad_token_id: int, max_prompt_length: int) -> Batch:
+    """LEFT-pad prompts to exactly ``max_prompt_length`` (so generation appends at a common position)."""
+    bsz, width = len(items), int(max_prompt_length)
+    input_ids = torch.full((bsz, width), int(pad_token_id), dtype=torch.long)
+    attention_mask = torch.zeros((bsz, width), dtype=torch.long)
+    for b, item in enumerate(items):
+        ids = item["input_ids"]
+        if len(ids) > width:
+            raise ValueError(f"prompt of {len(ids)} tokens exceeds data.max_prompt_length={width}")
+        if ids:
+            input_ids[b, width - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
+            attention_mask[b, width - len(ids):] = 1
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    non_tensors = {k: _object_array([item.get(k) for item in items]) for k in NON_TENSOR_KEYS}
+    if items and all("raw_chat" in item for item in items):
+        non_tensors["raw_chat"] = _object_array([item["raw_chat"] for item in items])
+    return Batch({"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+                 non_tensors)
+
+
+def _object_array(values: list[Any]) -> np.ndarray:
+    # Built element by element: np.asarray on a list of lists/dicts would make a 2-D or mis-shaped array.
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+class PromptLoader:
+    """Batches of prompts, epoch after epoch, resumable at the exact batch.
+
+    ``for batch in loader`` yields the *remaining* batches of the current epoch, then moves to the next epoch;
+    :meth:`next_batch` crosses epochs forever. The order of epoch ``e`` is a permutation drawn from
+    ``(seed, e)``, so a restored ``state_dict()`` (epoch, position, seed) continues with the very next batch.
+    """
+
+    def __init__(self, dataset, batch_size: int | None, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = True):
+        self.dataset = dataset
+        self.batch_size = len(dataset) if batch_size is None else int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        if self.batch_size <= 0:
+            raise ValueError(f"batch size must be positive (got {self.batch_size})")
+        if len(self) == 0:
+            raise ValueError(f"batch size {self.batch_size} (data.train_batch_size) exceeds the dataset's "
+                             f"{len(dataset)} prompts with drop_last; use more data or a smaller batch size")
+        self.epoch = 0
+        self.position = 0  # batches of the current epoch already handed out
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    def _normalise(self) -> None:
+        if self.position >= len(self):
+            self.epoch += 1
+            self.position = 0
+
+    def _batch(self, order: np.ndarray, pos: int) -> Batch:
+        idx = order[pos * self.batch_size:(pos + 1) * self.batch_size]
+        items = [self.dataset[int(i)] for i in idx]
+        if hasattr(self.dataset, "collate"):
+            return self.dataset.collate(items)
+        return collate_prompts(items, self.dataset.pad_token_id, self.dataset.max_prompt_length)
+
+    def __iter__(self):
+        self._normalise()
+        epoch = self.epoch
+        order = self._order(epoch)
+        while self.epoch == epoch and self.position < len(self):
+            batch = self._batch(order, self.position)
+            self.position += 1  # counted before the yield: a checkpoint taken now resumes after this batch
+            yield batch
+        if self.epoch == epoch:
+            self._normalise()
+
+    def next_batch(self) -> Batch:
+        self._normalise()
+        batch = self._batch(self._order(self.epoch), self.position)
+        self.position += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        epoch, position = (self.epoch + 1, 0) if self.position >= len(self) else (self.epoch, self.position)
+        return {"epoch": epoch, "position": position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self.seed = int(state.get("seed", self.seed))

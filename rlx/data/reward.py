@@ -1,0 +1,127 @@
+"""Reward functions and the manager that turns generated responses into token-level scores.
+
+A reward function has verl's signature ``fn(data_source, solution_str, ground_truth, extra_info=None, **kw)``
+and returns a float, or a dict with a ``"score"`` float plus extra keys (logged by the trainer as means).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import math
+import os
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from rlx.data import synthetic
+from rlx.data.rewards import gsm8k
+from rlx.protocol import Batch
+
+logger = logging.getLogger(__name__)
+
+_GSM8K_SOURCES = ("openai/gsm8k", "gsm8k")
+
+
+def known_data_sources() -> list[str]:
+    return sorted([*_GSM8K_SOURCES, *synthetic.REWARDS])
+
+
+def default_compute_score(data_source, solution_str: str, ground_truth, extra_info=None, **kwargs):
+    """Dispatch on ``data_source`` to the built-in rule rewards."""
+    if data_source in _GSM8K_SOURCES:
+        return gsm8k.compute_score(solution_str, ground_truth, **kwargs)
+    if data_source in synthetic.REWARDS:
+        return synthetic.REWARDS[data_source](solution_str, ground_truth, extra_info=extra_info, **kwargs)
+    raise ValueError(f"no built-in reward for data_source={data_source!r}; known: {known_data_sources()}. "
+                     f"For other data, write a function fn(data_source, solution_str, ground_truth, "
+                     f"extra_info=None, **kwargs) in a .py file and set custom_reward_function.path (and "
+                     f"custom_reward_function.name if it is not 'compute_score')")
+
+
+def load_reward_fn(custom_cfg, reward_kwargs: dict | None = None) -> Callable:
+    """The custom function ``custom_cfg.name`` from file ``custom_cfg.path`` if a path is set, else the default;
+    ``reward_kwargs`` (e.g. ``{"format_score": 0.1}``) are bound as keyword arguments."""
+    reward_kwargs = dict(reward_kwargs or {})
+    path = getattr(custom_cfg, "path", None) if custom_cfg is not None else None
+    if not path:
+        fn = default_compute_score
+    else:
+        name = getattr(custom_cfg, "name", None) or "compute_score"
+        path = os.path.expanduser(str(path))
+        if not os.path.isfile(path):
+            raise ValueError(f"custom_reward_function.path={path!r} is not a file; give a .py file defining "
+                             f"{name}(data_source, solution_str, ground_truth, extra_info=None, **kwargs)")
+        module_name = f"rlx_custom_reward_{abs(hash(os.path.abspath(path)))}"
+        try:
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            if spec is None or spec.loader is None:
+                raise ImportError("not a Python source file")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"custom_reward_function.path={path!r} failed to import "
+                             f"({type(e).__name__}: {e})") from e
+        fn = getattr(module, name, None)
+        if not callable(fn):
+            found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+            raise ValueError(f"custom_reward_function.name={name!r} is not a function in "
+                             f"custom_reward_function.path={path!r}; functions there: {found}")
+    if reward_kwargs:
+        fn = functools.partial(fn, **reward_kwargs)
+    return fn
+
+
+class RewardManager:
+    """Decodes each response, scores it, and puts the score on its last valid response token."""
+
+    def __init__(self, tokenizer, compute_score: Callable | None = None, reward_fn_key: str = "data_source"):
+        self.tokenizer = tokenizer
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
+        responses = batch.tensors["responses"]
+        mask = batch.tensors["response_mask"]
+        bsz = responses.shape[0]
+        scores = torch.zeros(responses.shape, dtype=torch.float32)
+        sources = batch.non_tensors[self.reward_fn_key]
+        truths = batch.non_tensors["ground_truth"]
+        extras = batch.non_tensors.get("extra_info")
+        extra_out: dict[str, list[Any]] = {}
+        resp_cpu, mask_cpu = responses.detach().cpu(), mask.detach().cpu().bool()
+        for i in range(bsz):
+            valid = mask_cpu[i].nonzero(as_tuple=True)[0]
+            text = self.tokenizer.decode(resp_cpu[i][valid].tolist(), skip_special_tokens=True)
+            extra_info = extras[i] if extras is not None else None
+            result = self.compute_score(data_source=sources[i], solution_str=text, ground_truth=truths[i],
+                                        extra_info=extra_info)
+            if isinstance(result, dict):
+                if "score" not in result:
+                    raise ValueError(f"reward function returned a dict without a 'score' key: {sorted(result)}")
+                score = float(result["score"])
+                for key, value in result.items():
+                    if key == "score":
+                        continue
+                    extra_out.setdefault(key, [math.nan] * bsz)[i] = value
+            else:
+                score = float(result)
+            if len(valid) > 0:
+                scores[i, valid[-1]] = score
+            else:
+                logger.warning("response %d has no valid token; its score %.3f is dropped", i, score)
+        return scores.to(responses.device), extra_out
+
+
+def mean_extras(extra: dict[str, list]) -> dict[str, float]:
+    """Means of the numeric extra keys (NaN entries, i.e. samples without that key, ignored)."""
+    out = {}
+    for key, values in extra.items():
+        try:
+            arr = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            continue
+        if np.isfinite(arr).any():
+            out[key] = float(np.nanmean(arr))
+    return out

@@ -1,0 +1,1 @@
+"""Rule-based reward functions, one module per data source family."""

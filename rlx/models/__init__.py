@@ -1,0 +1,90 @@
+"""Built-in tiny models, materialised from a config in the repo (no download).
+
+`model.path` may name a built-in model as ``builtin://<name>`` (e.g. ``builtin://tiny-qwen2``). The first use
+writes an HF-format directory (config, byte-level tokenizer, seeded random weights) under ``$RLX_CACHE``
+(default ``~/.cache/rlx``) and every later use loads it from there, so HF, FSDP workers and vLLM all see the
+same ordinary model directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+BUILTIN_PREFIX = "builtin://"
+_HERE = Path(__file__).parent
+SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+)
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in (_HERE / "configs").glob("*.json"))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLX_CACHE", Path.home() / ".cache" / "rlx"))
+
+
+def resolve_model_path(path: str) -> str:
+    """Return a local HF directory for `path`, materialising a built-in model on first use."""
+    if not path.startswith(BUILTIN_PREFIX):
+        return os.path.expanduser(path)
+    name = path[len(BUILTIN_PREFIX):]
+    if name not in builtin_names():
+        raise ValueError(f"model.path={path!r}: unknown built-in model; choose one of "
+                         f"{[BUILTIN_PREFIX + n for n in builtin_names()]} or give an HF model directory")
+    spec = json.loads((_HERE / "configs" / f"{name}.json").read_text())
+    target = cache_dir() / "models" / f"{name}-{_spec_hash(spec)}"
+    if not (target / "model.safetensors").exists():
+        _materialise(spec, target)
+    return str(target)
+
+
+def _spec_hash(spec: dict) -> str:
+    import hashlib
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def build_byte_tokenizer():
+    """A byte-level tokenizer (256 byte symbols + 3 specials, no merges): any text encodes, nothing to download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>",
+                                   eos_token="<|eos|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _materialise(spec: dict, target: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokenizer = build_byte_tokenizer()
+    cfg_kwargs = dict(spec["config"])
+    model_type = cfg_kwargs.pop("model_type")
+    config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer),
+                                  pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                                  eos_token_id=tokenizer.eos_token_id, **cfg_kwargs)
+    torch.manual_seed(spec.get("seed", 0))
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write into a temp dir and rename, so concurrent workers never see a half-written model.
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process won the race; its copy is identical
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)

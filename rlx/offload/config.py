@@ -1,0 +1,31 @@
+"""Configuration of layer-grouped activation offload (see docs/offload.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class ActivationOffloadConfig:
+    """Knobs of `apply_activation_offload`. The on/off switch is `model.enable_activation_offload`."""
+
+    min_tensor_bytes: int = 1 << 20
+    """Saved tensors whose storage is smaller than this stay on the device (not worth a copy)."""
+
+    keep_last_layers: int = 1
+    """The saved activations of this many last decoder layers stay on the device: backward needs them first,
+    so copying them out and straight back would only cost time. 0 offloads every layer (lowest peak)."""
+
+    pin_memory: bool = True
+    """Use page-locked host memory for the pool (CUDA only; needed for asynchronous copies at full speed)."""
+
+    pool_chunk_bytes: int = 256 << 20
+    """The host pool grows in chunks of at least this many bytes; chunks are reused across layers,
+    micro-batches and steps, so steady state does no host allocation."""
+
+    max_pool_bytes: Optional[int] = None
+    """Upper bound on the host pool. When a copy would need more, that tensor stays on the device instead.
+    None: no bound (the pool grows to one micro-batch's offloaded activations and then stops)."""
+
+    prefetch_layers: int = 1
+    """During backward, how many groups ahead of the layer being differentiated are copied back."""

@@ -1,0 +1,68 @@
+"""A host-memory pool for offloaded activations: a bump allocator over a few large (pinned) chunks.
+
+One micro-batch allocates its slices in forward order; `reset()` at the end of the micro-batch hands
+everything back. Chunks are never freed, so after the largest micro-batch has been seen the pool does no
+more host allocation (no per-tensor cudaHostAlloc, no growth over steps).
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+_ALIGN = 512
+_MiB = 1 << 20
+
+
+def _round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+class HostPool:
+    def __init__(self, chunk_bytes: int, pin_memory: bool, max_bytes: Optional[int] = None):
+        self.chunk_bytes = max(int(chunk_bytes), _MiB)
+        self.pin_memory = bool(pin_memory)
+        self.max_bytes = max_bytes
+        self.chunks: List[torch.Tensor] = []
+        self.n_chunk_allocs = 0
+        self._ci = 0
+        self._off = 0
+        self.used = 0
+        self.peak_used = 0
+
+    @property
+    def capacity(self) -> int:
+        return sum(c.numel() for c in self.chunks)
+
+    def allocate(self, nbytes: int) -> Optional[torch.Tensor]:
+        """A uint8 host tensor of `nbytes`, or None when `max_bytes` would be exceeded."""
+        n = _round_up(max(int(nbytes), 1), _ALIGN)
+        while self._ci < len(self.chunks):
+            c = self.chunks[self._ci]
+            if self._off + n <= c.numel():
+                out = c[self._off:self._off + nbytes]
+                self._off += n
+                self._account(n)
+                return out
+            self._ci += 1
+            self._off = 0
+        size = max(self.chunk_bytes, _round_up(n, 2 * _MiB))
+        if self.max_bytes is not None and self.capacity + size > self.max_bytes:
+            return None
+        chunk = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory)
+        self.n_chunk_allocs += 1
+        self.chunks.append(chunk)
+        self._ci = len(self.chunks) - 1
+        self._off = n
+        self._account(n)
+        return chunk[:nbytes]
+
+    def _account(self, n: int) -> None:
+        self.used += n
+        self.peak_used = max(self.peak_used, self.used)
+
+    def reset(self) -> None:
+        """Every slice handed out since the last reset is free again (callers order the streams)."""
+        self._ci = 0
+        self._off = 0
+        self.used = 0

@@ -1,0 +1,506 @@
+"""Core PPO / GRPO / RLOO math as pure tensor functions.
+
+Everything here is side-effect free (apart from the KL controllers, which carry one float of state)
+and depends only on ``torch`` and ``numpy``: no Ray, no Hydra, no distributed state. The function
+names, argument orders and numerical semantics follow verl's ``core_algos`` so that configs and
+reference numbers carry over.
+
+Conventions
+-----------
+* Token-level tensors are ``[B, T]`` over *response* tokens only.
+* ``response_mask`` is 0/1 (float, int or bool); positions where it is 0 (padding after EOS, or
+  observation tokens in multi-turn rollouts) never contribute to a statistic or a loss.
+* Masked reductions select with ``torch.where`` instead of multiplying, so a NaN/Inf sitting at a
+  masked position cannot leak into the result.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "KL_PENALTY_TYPES",
+    "KL_CTRL_TYPES",
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "compute_gae_advantage_return",
+    "compute_grpo_outcome_advantage",
+    "compute_rloo_outcome_advantage",
+    "compute_advantage",
+    "agg_loss",
+    "compute_policy_loss",
+    "compute_value_loss",
+    "compute_entropy_loss",
+    "kl_penalty",
+    "entropy_from_logits",
+    "logprobs_from_logits",
+    "FixedKLController",
+    "AdaptiveKLController",
+    "get_kl_controller",
+    "apply_kl_penalty",
+]
+
+ADV_ESTIMATORS = ("gae", "grpo", "rloo")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_CTRL_TYPES = ("fixed", "adaptive")
+
+# Rows of logits processed at once by the log-prob / entropy helpers (bounds peak fp32 memory).
+_LOGITS_ROW_CHUNK = 1024
+
+
+# ---------------------------------------------------------------------------------------------------
+# masked statistics
+# ---------------------------------------------------------------------------------------------------
+def _as_bool_mask(mask: torch.Tensor) -> torch.Tensor:
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    """Sum of ``x`` over positions where ``mask`` is non-zero (over everything if ``dim`` is None)."""
+    m = _as_bool_mask(mask)
+    vals = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return vals.sum() if dim is None else vals.sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask`` is non-zero.
+
+    ``dim=None`` reduces over all elements and returns a scalar tensor; an int/tuple reduces over
+    those dimensions. A reduction with no valid position returns 0 rather than NaN.
+    """
+    m = _as_bool_mask(mask)
+    total = masked_sum(x, m, dim)
+    count = m.sum() if dim is None else m.sum(dim=dim)
+    return total / count.clamp(min=1).to(total.dtype)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of ``x`` over the valid positions of ``mask`` (a scalar over all elements).
+
+    With ``unbiased=True`` Bessel's correction ``n / (n - 1)`` is applied, as in verl; this needs at
+    least two valid elements and raises ``ValueError`` otherwise.
+    """
+    m = _as_bool_mask(mask)
+    mean = masked_mean(x, m)
+    var = masked_mean((x - mean) ** 2, m)
+    if unbiased:
+        n = int(m.sum().item())
+        if n == 0:
+            raise ValueError("masked_var: the mask selects no element")
+        if n == 1:
+            raise ValueError("masked_var: the mask selects a single element; unbiased variance is undefined")
+        var = var * (n / (n - 1))
+    return var
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Normalise ``x`` to zero mean / unit variance using statistics of the valid positions only.
+
+    ``(x - mean) / sqrt(var + 1e-8)`` with the unbiased masked variance. With ``shift_mean=False``
+    the mean is added back (only the scale is normalised). Masked positions are transformed too
+    (their values are not meaningful), exactly as in verl.
+    """
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask)
+    whitened = (x - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+# ---------------------------------------------------------------------------------------------------
+# advantage estimators
+# ---------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised Advantage Estimation (Schulman et al. 2015) over response tokens.
+
+    Runs the backward recursion ``delta_t = r_t + gamma * V_next - V_t``,
+    ``A_t = delta_t + gamma * lam * A_next``, where ``V_next`` / ``A_next`` refer to the next *valid*
+    token: masked positions are skipped (they pass the running value and advantage through
+    unchanged), so rewards or values sitting on masked positions never reach a valid token. After the
+    last valid token the bootstrap value is 0.
+
+    Returns ``(advantages, returns)``, both ``[B, T]``: ``returns = A + V`` computed from the raw
+    advantages, then ``advantages`` are whitened over the valid tokens of the whole batch.
+    """
+    m = _as_bool_mask(response_mask)
+    rewards = token_level_rewards
+    B, T = rewards.shape
+    zero = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)
+    next_value = zero
+    last_gae = zero
+    adv_reversed = []
+    for t in reversed(range(T)):
+        valid = m[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        gae_t = delta + gamma * lam * last_gae
+        next_value = torch.where(valid, values[:, t], next_value)
+        last_gae = torch.where(valid, gae_t, last_gae)
+        adv_reversed.append(last_gae)
+    advantages = torch.stack(adv_reversed[::-1], dim=1)
+    returns = advantages + values
+    advantages = masked_whiten(advantages, m)
+    return advantages, returns
+
+
+def _group_ids(index: Any, batch_size: int) -> tuple[torch.Tensor, int]:
+    """Map arbitrary hashable group labels (uids) to dense ints ``0..G-1`` in first-seen order."""
+    labels = index.tolist() if isinstance(index, (np.ndarray, torch.Tensor)) else list(index)
+    if len(labels) != batch_size:
+        raise ValueError(f"index has {len(labels)} entries but the batch has {batch_size} rows")
+    mapping: dict[Any, int] = {}
+    ids = [mapping.setdefault(label, len(mapping)) for label in labels]
+    return torch.tensor(ids, dtype=torch.long), len(mapping)
+
+
+def _group_stats(scores: torch.Tensor, index: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row group size, group sum and unbiased group std (rows of 1-element groups get std 0)."""
+    ids, n_groups = _group_ids(index, scores.shape[0])
+    ids = ids.to(scores.device)
+    count = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, ids, torch.ones_like(scores))
+    total = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, ids, scores)
+    mean = total / count
+    sq = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, ids, (scores - mean[ids]) ** 2)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    return count[ids], total[ids], std[ids]
+
+
+@torch.no_grad()
+def compute_grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantage (Shao et al. 2024).
+
+    Each response's score is the sum of its token rewards. Within a group (rows sharing the same
+    ``index`` label, i.e. the same prompt uid) the advantage is ``(score - mean) / (std + epsilon)``
+    with the unbiased std; with ``norm_adv_by_std_in_grpo=False`` it is ``score - mean`` (Dr. GRPO).
+    A group of a single response uses mean 0 and std 1 (so its advantage is its raw score), as verl.
+    The scalar is broadcast over the valid tokens; returns equal advantages.
+    """
+    scores = token_level_rewards.sum(dim=-1)
+    count, total, std = _group_stats(scores, index)
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(total), total / count)
+    std = torch.where(single, torch.ones_like(std), std)
+    adv = scores - mean
+    if norm_adv_by_std_in_grpo:
+        adv = adv / (std + epsilon)
+    m = _as_bool_mask(response_mask)
+    adv = torch.where(m, adv.unsqueeze(-1), torch.zeros((), dtype=adv.dtype, device=adv.device))
+    return adv, adv
+
+
+@torch.no_grad()
+def compute_rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO outcome advantage (Ahmadian et al. 2024): score minus the mean of the *other* responses.
+
+    For a group of ``n > 1`` responses ``A_i = s_i - (sum_j s_j - s_i) / (n - 1)``; a response that is
+    alone in its group keeps its raw score (as verl). ``epsilon`` is accepted for signature
+    compatibility and unused. Broadcast over the valid tokens; returns equal advantages.
+    """
+    del epsilon
+    scores = token_level_rewards.sum(dim=-1)
+    count, total, _ = _group_stats(scores, index)
+    loo_baseline = (total - scores) / (count - 1).clamp(min=1)
+    adv = torch.where(count > 1, scores - loo_baseline, scores)
+    m = _as_bool_mask(response_mask)
+    adv = torch.where(m, adv.unsqueeze(-1), torch.zeros((), dtype=adv.dtype, device=adv.device))
+    return adv, adv
+
+
+def compute_advantage(
+    adv_estimator: str,
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    values: Optional[torch.Tensor] = None,
+    index: Any = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch to the estimator named by ``algorithm.adv_estimator``; returns ``(advantages, returns)``."""
+    if adv_estimator == "gae":
+        if values is None:
+            raise ValueError("algorithm.adv_estimator=gae needs critic values (is the critic enabled?)")
+        return compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam)
+    if adv_estimator in ("grpo", "rloo"):
+        if index is None:
+            raise ValueError(f"algorithm.adv_estimator={adv_estimator} needs the group index (prompt uids)")
+        if adv_estimator == "grpo":
+            return compute_grpo_outcome_advantage(
+                token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo
+            )
+        return compute_rloo_outcome_advantage(token_level_rewards, response_mask, index)
+    raise ValueError(f"Unknown algorithm.adv_estimator={adv_estimator!r}; valid choices: {list(ADV_ESTIMATORS)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# losses
+# ---------------------------------------------------------------------------------------------------
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    """Reduce a ``[B, T]`` loss matrix to a scalar according to ``actor.loss_agg_mode``.
+
+    * ``token-mean``: mean over all valid tokens of the batch.
+    * ``seq-mean-token-sum``: per-sequence sum over valid tokens, then mean over the ``B`` sequences.
+    * ``seq-mean-token-mean``: per-sequence mean over valid tokens, then mean over the sequences that
+      have at least one valid token (0 if none has).
+    """
+    m = _as_bool_mask(loss_mask)
+    if loss_agg_mode == "token-mean":
+        return masked_mean(loss_mat, m)
+    if loss_agg_mode == "seq-mean-token-sum":
+        return masked_sum(loss_mat, m, dim=-1).mean()
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq_losses = masked_mean(loss_mat, m, dim=-1)
+        return masked_mean(seq_losses, m.any(dim=-1))
+    raise ValueError(f"Unknown actor.loss_agg_mode={loss_agg_mode!r}; valid choices: {list(LOSS_AGG_MODES)}")
+
+
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange: float = 0.2,
+    cliprange_low: Optional[float] = None,
+    cliprange_high: Optional[float] = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and dual clip.
+
+    ``ratio = exp(clamp(log_prob - old_log_prob, -20, 20))``;
+    per token ``L = max(-A * ratio, -A * clip(ratio, 1 - cliprange_low, 1 + cliprange_high))``, and for
+    negative advantages additionally ``L = min(L, -A * clip_ratio_c)`` (dual-clip PPO, Ye et al. 2019),
+    which bounds the loss when the ratio explodes on a bad action. ``cliprange_low`` /
+    ``cliprange_high`` default to ``cliprange``.
+
+    Returns ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``: the aggregated loss, the fraction of
+    valid tokens where the clipped term was active, the mean ``old_log_prob - log_prob`` over valid
+    tokens, and the fraction of valid tokens where the dual clip bound was active. The three metrics
+    are detached.
+    """
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"actor.clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_ratio_c}")
+    if cliprange_low is None:
+        cliprange_low = cliprange
+    if cliprange_high is None:
+        cliprange_high = cliprange
+    m = _as_bool_mask(response_mask)
+
+    neg_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(neg_approx_kl)
+    ppo_kl = masked_mean(-neg_approx_kl, m)
+
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange_low, 1.0 + cliprange_high)
+    clip_loss = torch.maximum(loss_unclipped, loss_clipped)
+    pg_clipfrac = masked_mean((loss_clipped > loss_unclipped).to(ratio.dtype), m)
+
+    loss_dual_bound = -advantages * clip_ratio_c
+    dual_clip_loss = torch.minimum(clip_loss, loss_dual_bound)
+    negative = advantages < 0
+    pg_clipfrac_lower = masked_mean(((clip_loss > loss_dual_bound) & negative).to(ratio.dtype), m)
+
+    pg_losses = torch.where(negative, dual_clip_loss, clip_loss)
+    pg_loss = agg_loss(pg_losses, m, loss_agg_mode)
+    return pg_loss, pg_clipfrac.detach(), ppo_kl.detach(), pg_clipfrac_lower.detach()
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss: ``0.5 * agg(max((v - R)^2, (clip(v, V_old - c, V_old + c) - R)^2))``.
+
+    Returns ``(vf_loss, vf_clipfrac)`` where ``vf_clipfrac`` (detached) is the fraction of valid tokens
+    on which the clipped error was strictly larger.
+    """
+    m = _as_bool_mask(response_mask)
+    vpred_clipped = torch.maximum(torch.minimum(vpreds, values + cliprange_value), values - cliprange_value)
+    loss_unclipped = (vpreds - returns) ** 2
+    loss_clipped = (vpred_clipped - returns) ** 2
+    vf_loss = 0.5 * agg_loss(torch.maximum(loss_unclipped, loss_clipped), m, loss_agg_mode)
+    vf_clipfrac = masked_mean((loss_clipped > loss_unclipped).to(vpreds.dtype), m)
+    return vf_loss, vf_clipfrac.detach()
+
+
+def kl_penalty(
+    logprob: torch.Tensor,
+    ref_logprob: torch.Tensor,
+    kl_penalty: str,
+    *,
+    key: str = "algorithm.kl_penalty",
+) -> torch.Tensor:
+    """Per-token KL estimate between the policy and the reference (see J. Schulman, "Approximating KL
+    divergence", 2020).
+
+    * ``kl`` / ``k1``: ``logprob - ref_logprob``
+    * ``abs``: ``|logprob - ref_logprob|``
+    * ``mse`` / ``k2``: ``0.5 * (logprob - ref_logprob)^2``
+    * ``low_var_kl`` / ``k3``: ``exp(ref - logprob) - (ref - logprob) - 1`` with the log-ratio clamped
+      to [-20, 20] before ``exp`` and the result clamped to [-10, 10].
+
+    ``key`` only names the config entry in the error raised for an unknown type
+    (``actor_rollout_ref.actor.kl_loss_type`` or ``algorithm.kl_penalty``).
+    """
+    kind = kl_penalty
+    if kind in ("kl", "k1"):
+        return logprob - ref_logprob
+    if kind == "abs":
+        return (logprob - ref_logprob).abs()
+    if kind in ("mse", "k2"):
+        return 0.5 * (logprob - ref_logprob).square()
+    if kind in ("low_var_kl", "k3"):
+        log_ratio = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
+        kld = torch.exp(log_ratio) - log_ratio - 1.0
+        return torch.clamp(kld, min=-10.0, max=10.0)
+    raise ValueError(f"Unknown {key}={kind!r}; valid choices: {list(KL_PENALTY_TYPES)}")
+
+
+def _rowwise(fn, logits: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+    """Apply ``fn(rows_fp32, *extra_rows) -> [n]`` to ``logits`` flattened to ``[N, V]`` in row chunks."""
+    lead = logits.shape[:-1]
+    flat = logits.reshape(-1, logits.shape[-1])
+    flat_extra = [e.reshape(-1) for e in extra]
+    n = flat.shape[0]
+    if n == 0:
+        return torch.zeros(lead, dtype=torch.float32 if flat.dtype in (torch.float16, torch.bfloat16) else flat.dtype,
+                           device=logits.device)
+    outs = []
+    for s in range(0, n, _LOGITS_ROW_CHUNK):
+        rows = flat[s:s + _LOGITS_ROW_CHUNK]
+        if rows.dtype in (torch.float16, torch.bfloat16):
+            rows = rows.float()
+        outs.append(fn(rows, *[e[s:s + _LOGITS_ROW_CHUNK] for e in flat_extra]))
+    return torch.cat(outs).reshape(lead)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution over the last dim: ``logsumexp(z) - sum(softmax(z) * z)``.
+
+    Shape ``[..., V] -> [...]``. Half-precision logits are upcast to fp32 chunk by chunk (the result is
+    fp32).
+    """
+    def _ent(z: torch.Tensor) -> torch.Tensor:
+        return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+
+    return _rowwise(_ent, logits)
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Log-probability of ``labels`` under ``logits``: ``z[label] - logsumexp(z)``.
+
+    Shapes ``[..., V]`` and ``[...]`` -> ``[...]``. Memory-friendly: never materialises a full
+    log-softmax; rows are processed in chunks and half-precision logits are upcast per chunk (the
+    result is fp32 for fp16/bf16 inputs).
+    """
+    def _lp(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return z.gather(-1, y.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+    return _rowwise(_lp, logits, labels)
+
+
+def compute_entropy_loss(logits: torch.Tensor, response_mask: torch.Tensor,
+                         loss_agg_mode: str = "token-mean") -> torch.Tensor:
+    """Aggregated token entropy of ``logits`` ``[B, T, V]`` over ``response_mask``."""
+    return agg_loss(entropy_from_logits(logits), response_mask, loss_agg_mode)
+
+
+# ---------------------------------------------------------------------------------------------------
+# KL control of the in-reward penalty
+# ---------------------------------------------------------------------------------------------------
+class FixedKLController:
+    """Constant KL coefficient; ``update`` is a no-op."""
+
+    def __init__(self, kl_coef: float):
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        return None
+
+
+class AdaptiveKLController:
+    """Adaptive KL coefficient of Ziegler et al. 2019 (https://arxiv.org/abs/1909.08593).
+
+    ``e = clip(current_kl / target_kl - 1, -0.2, 0.2)``; ``value *= 1 + e * n_steps / horizon``.
+    """
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: float):
+        if not horizon > 0:
+            raise ValueError(f"algorithm.kl_ctrl.horizon must be > 0, got {horizon}")
+        if not target_kl > 0:
+            raise ValueError(f"algorithm.kl_ctrl.target_kl must be > 0, got {target_kl}")
+        self.value = float(init_kl_coef)
+        self.target = float(target_kl)
+        self.horizon = float(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        proportional_error = float(np.clip(current_kl / self.target - 1.0, -0.2, 0.2))
+        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+
+def get_kl_controller(type: str, kl_coef: float, target_kl: Optional[float] = None,
+                      horizon: Optional[float] = None):
+    """Build the controller named by ``algorithm.kl_ctrl.type`` ("fixed" or "adaptive")."""
+    if type == "fixed":
+        return FixedKLController(kl_coef)
+    if type == "adaptive":
+        if target_kl is None or horizon is None:
+            raise ValueError("algorithm.kl_ctrl.type=adaptive needs algorithm.kl_ctrl.target_kl and .horizon")
+        return AdaptiveKLController(kl_coef, target_kl, horizon)
+    raise ValueError(f"Unknown algorithm.kl_ctrl.type={type!r}; valid choices: {list(KL_CTRL_TYPES)}")
+
+
+@torch.no_grad()
+def apply_kl_penalty(
+    token_level_scores: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_ctrl,
+    kl_penalty_type: str = "kl",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Fold a KL penalty into the rewards: ``rewards = scores - beta * kl * mask`` (``beta = kl_ctrl.value``).
+
+    The batch KL is the mean over sequences of the per-sequence masked-mean KL; the controller is then
+    updated with it and ``n_steps = B``. Metrics report that KL and the coefficient *used* (before the
+    update): ``actor/reward_kl_penalty``, ``actor/reward_kl_penalty_coeff``.
+    """
+    m = _as_bool_mask(response_mask)
+    kld = kl_penalty(old_log_probs, ref_log_prob, kl_penalty_type, key="algorithm.kl_penalty")
+    kld = torch.where(m, kld, torch.zeros((), dtype=kld.dtype, device=kld.device))
+    beta = float(kl_ctrl.value)
+    token_level_rewards = token_level_scores - beta * kld
+    current_kl = float(masked_mean(kld, m, dim=-1).mean().item())
+    kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
+    metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+    return token_level_rewards, metrics

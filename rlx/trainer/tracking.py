@@ -1,0 +1,43 @@
+"""Loggers named by `trainer.logger`: console, tensorboard, wandb (imported only when asked for)."""
+from __future__ import annotations
+
+import os
+import sys
+
+CONSOLE_KEYS = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/vf_loss",
+                "response_length/mean", "timing_s/gen", "timing_s/update_actor", "timing_s/step")
+
+
+class Tracker:
+    def __init__(self, cfg, log_dir: str):
+        t = cfg.trainer
+        self.loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
+        self.tb = self.wandb = None
+        if "tensorboard" in self.loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(os.environ.get("TENSORBOARD_DIR", os.path.join(log_dir, "tensorboard")))
+        if "wandb" in self.loggers:
+            import wandb  # validated at config load: installed
+
+            from dataclasses import asdict
+            self.wandb = wandb.init(project=t.project_name, name=t.experiment_name, config=asdict(cfg))
+
+    def log(self, metrics: dict, step: int) -> None:
+        if "console" in self.loggers:
+            shown = {k: v for k, v in metrics.items() if k in CONSOLE_KEYS or k.startswith("val/")}
+            rest = len(metrics) - len(shown)
+            line = " | ".join(f"{k}:{v:.4g}" for k, v in sorted(shown.items()))
+            print(f"step:{step} | {line} | (+{rest} more metrics)", file=sys.stdout, flush=True)
+        if self.tb is not None:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()

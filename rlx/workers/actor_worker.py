@@ -1,0 +1,83 @@
+"""The actor worker: policy training (FSDP), rollout (vLLM or HF) and the reference policy in one process."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from rlx.protocol import Batch
+from rlx.workers.base_worker import Worker
+
+log = logging.getLogger("rlx")
+
+
+class ActorRolloutRefWorker(Worker):
+    def init_model(self, total_steps: int, rollout_name: str) -> None:
+        from rlx.workers.engine.actor import ActorEngine
+
+        arr = self.cfg.actor_rollout_ref
+        self.use_ref = arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
+        common = dict(model_cfg=arr.model, device=self.device, world_size=self.world_size,
+                      rollout_n=arr.rollout.n, temperature=arr.rollout.temperature)
+        self.actor = ActorEngine(role="actor", actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
+                                 strategy=arr.actor.strategy, total_steps=total_steps, **common)
+        self.ref = None
+        if self.use_ref:
+            self.ref = ActorEngine(role="ref", actor_cfg=arr.actor, fsdp_cfg=arr.ref.fsdp_config,
+                                   strategy=arr.ref.strategy, **common)
+        self.rollout = self._build_rollout(rollout_name)
+
+    def _build_rollout(self, name: str):
+        from transformers import AutoTokenizer
+
+        from rlx.models import resolve_model_path
+        from rlx.workers.rollout import build_rollout
+
+        arr, data = self.cfg.actor_rollout_ref, self.cfg.data
+        path = resolve_model_path(arr.model.path)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=arr.model.trust_remote_code)
+        cuda = self.device.type == "cuda"
+        if name == "vllm":
+            return build_rollout("vllm", model_path=path, rollout_cfg=arr.rollout,
+                                 max_prompt_length=data.max_prompt_length,
+                                 max_response_length=data.max_response_length, rank=self.rank,
+                                 world_size=self.world_size, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id, dtype=arr.rollout.dtype if cuda else "float32",
+                                 device=self.device.type)
+        return build_rollout("hf", model_path=path, max_response_length=data.max_response_length,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, device=self.device,
+                             dtype=torch.bfloat16 if cuda else torch.float32,
+                             calculate_log_probs=arr.rollout.calculate_log_probs,
+                             trust_remote_code=arr.model.trust_remote_code)
+
+    # ---- the steps the driver calls ----------------------------------------------------------------------
+    def generate_sequences(self, prompts: Batch) -> Batch:
+        """Sync the FSDP weights into the rollout engine, generate, free the engine's cache."""
+        from rlx.workers.rollout.weight_sync import iter_full_params
+
+        with self.actor.phase():
+            self.rollout.sync_weights(iter_full_params(self.actor.module))
+        prompts.meta = dict(prompts.meta, seed=int(prompts.meta.get("seed", 0)) * 1000 + self.rank)
+        out = self.rollout.generate_sequences(prompts)
+        self.rollout.release()
+        return out
+
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        mbs = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+        out = self.actor.compute_log_prob(batch, mbs, with_entropy=False)
+        return Batch({"old_log_probs": out["log_probs"]})
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        assert self.ref is not None, "ref model requested but no KL term is configured"
+        mbs = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        return Batch({"ref_log_prob": self.ref.compute_log_prob(batch, mbs)["log_probs"]})
+
+    def update_actor(self, batch: Batch) -> dict:
+        return self.actor.update_policy(batch)
+
+    def param_checksum(self) -> float:
+        """Sum of squares of all actor weights (collective): lets tests see that training changed them."""
+        from rlx.workers.rollout.weight_sync import iter_full_params
+
+        with self.actor.phase():
+            return float(sum(t.double().pow(2).sum() for _, t in iter_full_params(self.actor.module)))

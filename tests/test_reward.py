@@ -1,0 +1,173 @@
+"""GSM8K reward, reward dispatch / custom reward loading, RewardManager, and scripts/prepare_gsm8k.py."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlx.data.dataset import RLDataset
+from rlx.data.reward import RewardManager, default_compute_score, load_reward_fn, mean_extras
+from rlx.data.rewards import gsm8k
+from rlx.models import build_byte_tokenizer
+from rlx.protocol import Batch
+
+REPO = Path(__file__).resolve().parents[1]
+GSM8K_TEST = REPO.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+PREPARE = REPO / "scripts" / "prepare_gsm8k.py"
+
+
+def _prepare_module():
+    spec = importlib.util.spec_from_file_location("prepare_gsm8k", PREPARE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("solution,truth,expected", [
+    ("so 3 + 4 = 7\n#### 7", "7", 1.0),
+    ("#### 1,000", "1000", 1.0),
+    ("#### $18", "18", 1.0),
+    ("answer #### 18.", "18", 1.0),
+    ("#### 18.00", "18", 1.0),
+    ("#### -5", "-5", 1.0),
+    ("#### 3 then later #### 4", "4", 1.0),  # the LAST answer counts
+    ("#### 4 then later #### 3", "4", 0.1),
+    ("#### 8", "7", 0.1),
+    ("the answer is 7", "7", 0.0),  # no '####' -> no answer
+    ("#### seven", "7", 0.0),
+    ("", "7", 0.0),
+])
+def test_gsm8k_hand_cases(solution, truth, expected):
+    assert gsm8k.compute_score(solution, truth, format_score=0.1) == expected
+    assert gsm8k.compute_score(solution, truth) == (1.0 if expected == 1.0 else 0.0)
+
+
+@pytest.mark.skipif(not GSM8K_TEST.exists(), reason=f"real GSM8K not found at {GSM8K_TEST}")
+def test_gsm8k_real_solutions_score_one():
+    prep = _prepare_module()
+    with GSM8K_TEST.open() as f:
+        records = [json.loads(line) for _, line in zip(range(200), f)]
+    rows = prep.convert_rows(records, "test")
+    assert len(rows) == 200
+    for rec, r in zip(records, rows):
+        truth = r["reward_model"]["ground_truth"]
+        assert default_compute_score(r["data_source"], rec["answer"], truth) == 1.0, (rec["answer"], truth)
+        # a response ending in a wrong number gets the format score, not 1
+        wrong = rec["answer"] + f"\n#### {truth}1"
+        assert default_compute_score("gsm8k", wrong, truth, format_score=0.1) == 0.1
+
+
+def test_default_dispatch_unknown_source():
+    with pytest.raises(ValueError, match="custom_reward_function.path") as err:
+        default_compute_score("some/dataset", "x", "y")
+    assert "openai/gsm8k" in str(err.value) and "synthetic/digits" in str(err.value)
+
+
+def test_load_reward_fn_default_and_custom(tmp_path):
+    fn = load_reward_fn(types.SimpleNamespace(path=None, name="compute_score"), {"format_score": 0.2})
+    assert fn(data_source="openai/gsm8k", solution_str="#### 3", ground_truth="4") == 0.2
+    assert load_reward_fn(None, {})("gsm8k", "#### 4", "4") == 1.0
+
+    src = tmp_path / "my_reward.py"
+    src.write_text(
+        "def my_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
+        "    hit = float(solution_str.strip() == ground_truth)\n"
+        "    return {'score': hit + bonus, 'acc': hit, 'length': len(solution_str)}\n")
+    fn = load_reward_fn(types.SimpleNamespace(path=str(src), name="my_score"), {"bonus": 0.5})
+    assert fn(data_source="x", solution_str="yes", ground_truth="yes") == {"score": 1.5, "acc": 1.0, "length": 3}
+
+    with pytest.raises(ValueError, match="custom_reward_function.name='nope'"):
+        load_reward_fn(types.SimpleNamespace(path=str(src), name="nope"), {})
+    with pytest.raises(ValueError, match="custom_reward_function.path"):
+        load_reward_fn(types.SimpleNamespace(path=str(tmp_path / "missing.py"), name="f"), {})
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(:\n")
+    with pytest.raises(ValueError, match="failed to import"):
+        load_reward_fn(types.SimpleNamespace(path=str(broken), name="f"), {})
+
+
+def _batch(tok, texts, resp_len=8, truths=None, sources=None):
+    rows, masks = [], []
+    for t in texts:
+        ids = tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        ids = ids[:resp_len]
+        mask = [1] * len(ids) + [0] * (resp_len - len(ids))
+        rows.append(ids + [tok.pad_token_id] * (resp_len - len(ids)))
+        masks.append(mask)
+    n = len(texts)
+    return Batch({"responses": torch.tensor(rows), "response_mask": torch.tensor(masks)},
+                 {"data_source": sources or ["openai/gsm8k"] * n, "ground_truth": truths or ["4"] * n,
+                  "extra_info": [{}] * n})
+
+
+def test_reward_manager_places_score_on_last_valid_token():
+    tok = build_byte_tokenizer()
+    batch = _batch(tok, ["#### 4", "#### 5", "#### 4 and more text"], truths=["4", "4", "4"])
+    scores, extra = RewardManager(tok, load_reward_fn(None, {"format_score": 0.1}))(batch)
+    assert scores.shape == (3, 8) and scores.dtype == torch.float32
+    # "#### 4" + eos = 7 valid tokens -> index 6 (the eos is decoded away but still the last valid token)
+    assert scores[0, 6] == 1.0 and scores[0].sum() == 1.0
+    assert scores[1, 6] == pytest.approx(0.1) and scores[1].sum() == pytest.approx(0.1)
+    assert scores[2, 7] == 1.0 and scores[2].sum() == 1.0  # truncated at the response length
+    assert extra == {}
+
+    # a hole in the mask: the text is decoded from valid tokens only, the score lands on the last valid one
+    holed = _batch(tok, ["#x### 4"])  # 7 bytes + eos
+    holed.tensors["response_mask"][0, 1] = 0  # the "x"
+    holed.tensors["response_mask"][0, 7] = 0  # the eos
+    scores, _ = RewardManager(tok, default_compute_score)(holed)
+    assert scores[0, 6] == 1.0 and scores[0].sum() == 1.0
+
+
+def test_reward_manager_dict_scores(tmp_path):
+    src = tmp_path / "r.py"
+    src.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if data_source == 'plain':\n"
+        "        return 0.25\n"
+        "    return {'score': float(ground_truth in solution_str), 'acc': 1.0, 'source': data_source}\n")
+    tok = build_byte_tokenizer()
+    batch = _batch(tok, ["abc", "xyz", "q"], sources=["d", "plain", "d"], truths=["b", "y", "z"])
+    scores, extra = RewardManager(tok, load_reward_fn(types.SimpleNamespace(path=str(src), name=None), {}))(batch)
+    assert scores[0, 3] == 1.0 and scores[1, 3] == 0.25 and scores[2, 1] == 0.0
+    assert set(extra) == {"acc", "source"}
+    assert extra["acc"][0] == 1.0 and np.isnan(extra["acc"][1]) and extra["acc"][2] == 1.0
+    assert extra["source"][0] == "d"
+    assert mean_extras(extra) == {"acc": 1.0}
+
+
+def test_prepare_gsm8k_script(tmp_path):
+    records = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = <<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i:,}"}
+               for i in range(498, 503)]
+    in_dir, out_dir = tmp_path / "in", tmp_path / "out"
+    in_dir.mkdir()
+    (in_dir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (in_dir / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:2]))
+    proc = subprocess.run([sys.executable, str(PREPARE), "--input_dir", str(in_dir), "--output_dir", str(out_dir)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    import pyarrow.parquet as pq
+    train = pq.read_table(out_dir / "train.parquet").to_pylist()
+    assert len(train) == 5 and len(pq.read_table(out_dir / "test.parquet")) == 2
+    r = train[2]
+    assert r["data_source"] == "openai/gsm8k" and r["ability"] == "math"
+    assert r["prompt"] == [{"role": "user", "content": "What is 500 + 500? Let's think step by step and output the "
+                                                       "final answer after \"####\"."}]
+    assert r["reward_model"] == {"style": "rule", "ground_truth": "1000"}  # "1,000" -> commas stripped
+    assert r["extra_info"] == {"split": "train", "index": 2, "answer": records[2]["answer"],
+                               "question": records[2]["question"]}
+    # the result loads as an RLDataset and the reference answer earns the full reward
+    tok = build_byte_tokenizer()
+    cfg = types.SimpleNamespace(prompt_key="prompt", reward_fn_key="data_source", max_prompt_length=128,
+                                filter_overlong_prompts=False, truncation="error", apply_chat_template=True,
+                                return_raw_chat=False)
+    ds = RLDataset(str(out_dir / "train.parquet"), tok, cfg)
+    item = ds[2]
+    assert default_compute_score(item["data_source"], records[2]["answer"], item["ground_truth"]) == 1.0
