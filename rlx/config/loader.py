@@ -66,17 +66,24 @@ def unknown_key_error(key: str, shown: str | None = None) -> ValueError:
     return ValueError(msg)
 
 
-def check_override_keys(overrides: list[str]) -> None:
-    """Reject overrides naming keys the schema does not have, before Hydra composes anything."""
+def check_override_keys(overrides: list[str]) -> list[str]:
+    """Reject overrides naming keys the schema does not have, before Hydra composes anything.
+
+    Returns the overrides with keys inside free-form dicts (e.g. `model.override_config.x=1`) turned into
+    Hydra's add-or-override form, so they work with or without verl's `+` prefix.
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
+    out = []
     for ov, raw in zip(parsed, overrides):
         key = ov.key_or_group
-        if key.startswith("hydra.") or key == "hydra":
-            continue
-        if not _is_known(key):
+        if not (key.startswith("hydra.") or key == "hydra") and not _is_known(key):
             raise unknown_key_error(key, shown=raw.split("=", 1)[0])
+        if key not in SCHEMA_KEYS and _is_known(key) and not raw.startswith("~"):
+            raw = "++" + raw.lstrip("+")
+        out.append(raw)
+    return out
 
 
 def _check_tree(node: DictConfig, prefix: str = "") -> None:
@@ -97,8 +104,7 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = list(overrides or [])
-    check_override_keys(overrides)
+    overrides = check_override_keys(list(overrides or []))
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(config_dir or CONFIG_DIR).resolve()), version_base=None):
         cfg = hydra_compose(config_name=config_name, overrides=overrides)

@@ -11,22 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-try:
-    from rlx.offload import ActivationOffloadConfig
-except ImportError:  # TEMP until rlx.offload lands
-    @dataclass
-    class ActivationOffloadConfig:
-        min_tensor_bytes: int = 1 << 20
-        """Saved tensors smaller than this stay on the device."""
+from rlx.offload import ActivationOffloadConfig
 
 
 @dataclass
 class DataConfig:
     tokenizer: Optional[str] = None
     """Tokenizer path; null uses the actor model's tokenizer."""
-    train_files: Any = "synthetic://digits?size=2048&seed=0"
-    """Parquet file(s) in verl's row format, or a built-in synthetic task `synthetic://<task>?size=N&seed=S`."""
-    val_files: Any = "synthetic://digits?size=64&seed=1"
+    train_files: Any = "synthetic://digits/size:2048/seed:0"
+    """Parquet file(s) in verl's row format, or a built-in synthetic task `synthetic://<task>/size:N/seed:S`."""
+    val_files: Any = "synthetic://digits/size:64/seed:1"
     """Validation parquet file(s) (same format)."""
     prompt_key: str = "prompt"
     """Column holding the chat messages of the prompt."""

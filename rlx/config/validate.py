@@ -70,7 +70,7 @@ def _check_offload(cfg, errors):
             continue
         if role == "critic" and cfg.algorithm.adv_estimator != "gae":
             continue  # no critic is built
-        layers = num_hidden_layers(model.path)
+        layers = model.override_config.get("num_hidden_layers") or num_hidden_layers(model.path)
         if layers is not None and layers < 3:
             errors.append(f"{prefix}.enable_activation_offload=True needs a model with at least 3 decoder layers "
                           f"({prefix}.path={model.path!r} has {layers}); set "

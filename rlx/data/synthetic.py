@@ -73,14 +73,17 @@ def is_synthetic(path) -> bool:
 
 
 def parse_synthetic(path: str) -> tuple[str, dict]:
-    """``synthetic://digits?size=64&seed=1`` -> ("digits", {"size": 64, "seed": 1, "split": "train", "k": 8})."""
+    """``synthetic://digits/size:64/seed:1`` (or ``?size=64&seed=1``) -> ("digits", {"size": 64, "seed": 1, "split": "train", "k": 8})."""
     parsed = urlparse(path)
-    task = (parsed.netloc + parsed.path).strip("/")
+    # Hydra-friendly form (no '=' on the command line): synthetic://digits/size:64/seed:1
+    task, *segments = (parsed.netloc + parsed.path).strip("/").split("/")
+    query = "&".join(seg.replace(":", "=", 1) for seg in segments if seg)
+    query = "&".join(q for q in (query, parsed.query) if q)
     if task not in TASKS:
         raise ValueError(f"data file {path!r}: unknown synthetic task {task!r}; known: "
-                         f"{[SYNTHETIC_PREFIX + t for t in TASKS]} (e.g. 'synthetic://digits?size=1024&seed=0')")
+                         f"{[SYNTHETIC_PREFIX + t for t in TASKS]} (e.g. 'synthetic://digits/size:1024/seed:0')")
     params = dict(_PARAMS)
-    for key, values in parse_qs(parsed.query, keep_blank_values=True).items():
+    for key, values in parse_qs(query, keep_blank_values=True).items():
         if key not in _PARAMS:
             raise ValueError(f"data file {path!r}: unknown parameter {key!r}; known: {sorted(_PARAMS)}")
         value = values[-1]

@@ -27,5 +27,10 @@ class ActivationOffloadConfig:
     """Upper bound on the host pool. When a copy would need more, that tensor stays on the device instead.
     None: no bound (the pool grows to one micro-batch's offloaded activations and then stops)."""
 
+    offload_head: bool = False
+    """Also treat the final norm and the output projection (HF `get_output_embeddings()`) as groups, so their
+    saved inputs (a few hidden-state copies) leave the device while the vocabulary-sized loss runs, where the
+    peak usually is. Costs one small copy at the start of backward that nothing hides."""
+
     prefetch_layers: int = 1
     """During backward, how many groups ahead of the layer being differentiated are copied back."""

@@ -131,10 +131,17 @@ class ActivationOffloader:
     """Returned by `apply_activation_offload`; see the module docstring and docs/offload.md."""
 
     def __init__(self, layers: List[nn.Module], owners: List[List[nn.Module]], cfg: ActivationOffloadConfig,
-                 checkpointing: bool, device: torch.device, layer_class: str):
+                 checkpointing: bool, device: torch.device, layer_class: str, head: List[nn.Module] = (),
+                 head_owners: List[List[nn.Module]] = ()):
         self.cfg = cfg
-        self.layers = layers
-        self.owners = owners
+        self.layers = list(layers)  # decoder layers
+        self.head = list(head)  # final norm / output projection, when cfg.offload_head
+        self.owners = list(owners) + list(head_owners)
+        n = len(self.layers)
+        modules = self.layers + self.head
+        # per patched module: offload its group? checkpoint it? (never the output projection: too costly)
+        self._offload = [i < n - max(cfg.keep_last_layers, 0) or i >= n for i in range(len(modules))]
+        self._ckpt = [checkpointing and (i < n or not isinstance(m, nn.Linear)) for i, m in enumerate(modules)]
         self.checkpointing = checkpointing
         self.device = device
         self.layer_class = layer_class
@@ -152,8 +159,8 @@ class ActivationOffloader:
         self._last: Dict[str, int] = {"offloaded_bytes": 0, "n_groups": 0, "kept_bytes": 0}
         self._kept_bytes = 0
         self._originals = []
-        for i, layer in enumerate(layers):
-            self._patch(i, layer)
+        for i, m in enumerate(modules):
+            self._patch(i, m)
 
     # ------------------------------------------------------------------ public API
     @contextlib.contextmanager
@@ -162,7 +169,7 @@ class ActivationOffloader:
         if self._active:
             raise RuntimeError("ActivationOffloader.activate() does not nest")
         for layer in self.layers:
-            if getattr(layer, "gradient_checkpointing", False):
+            if getattr(layer, "gradient_checkpointing", False) and layer.training:
                 raise RuntimeError(
                     "HF gradient checkpointing is enabled on a decoder layer while activation offload is on "
                     "(model.enable_activation_offload): both need the saved-tensor hooks. Disable HF "
@@ -179,7 +186,7 @@ class ActivationOffloader:
         s = self.stats()
         return (f"activation offload: {s['n_layers']} x {self.layer_class}, checkpointing="
                 f"{'on' if self.checkpointing else 'off'}, keep_last_layers={self.cfg.keep_last_layers}, "
-                f"min_tensor_bytes={self.cfg.min_tensor_bytes}, device={self.device}, "
+                f"offload_head={self.cfg.offload_head}, min_tensor_bytes={self.cfg.min_tensor_bytes}, device={self.device}, "
                 f"{'pinned ' if self.pool.pin_memory else ''}pool={s['pool_bytes']} bytes in "
                 f"{s['pool_chunks']} chunks, last micro-batch: {s['n_groups']} groups, "
                 f"{s['offloaded_bytes_last_step']} bytes offloaded")
@@ -235,13 +242,13 @@ class ActivationOffloader:
         if not args and "hidden_states" in kwargs:  # positional, so checkpoint saves (and we offload) it
             kwargs = dict(kwargs)
             args = (kwargs.pop("hidden_states"),)
-        offload = idx < len(self.layers) - max(self.cfg.keep_last_layers, 0)
+        offload = self._offload[idx]
         prev = self._groups[-1] if self._groups else None
         g = _Group(len(self._groups), idx, offload, self._keep_ptrs(idx, args, kwargs), prev)
         self._groups.append(g)
         args, _ = _mark(self, g, False, args)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(g, t), self._unpack):
-            if self.checkpointing:
+            if self._ckpt[idx]:
                 out = checkpoint(orig, *args, use_reentrant=False, **kwargs)
             else:
                 out = orig(*args, **kwargs)
@@ -305,7 +312,7 @@ class ActivationOffloader:
             g.state = _LOADED
             g.waited = True
         # at most two groups resident: the one just finished (copying) and the next one being built
-        last = g.layer_idx == len(self.layers) - 1
+        last = g.layer_idx == len(self._offload) - 1
         keep = [] if last else [g]
         for h in self._inflight:
             if h is not g:

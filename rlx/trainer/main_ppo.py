@@ -54,20 +54,20 @@ def init_ray(cfg) -> None:
         ray.init(num_cpus=cfg.ray_init.num_cpus, runtime_env=runtime_env, include_dashboard=False)
 
 
-def run(cfg) -> list[dict]:
-    """Start Ray (if needed), train, return the per-step metrics."""
+def run(cfg):
+    """Start Ray (if needed), train; returns the trainer (its `history` holds the per-step metrics)."""
     from rlx.trainer.ppo_trainer import RayPPOTrainer
 
     rollout_name = choose_rollout(cfg)
     log.info("rollout: %s", rollout_name)
     init_ray(cfg)
     trainer = RayPPOTrainer(cfg, rollout_name)
-    history = trainer.fit()
+    trainer.history = trainer.fit()
     if trainer.val_history:
         first, last = trainer.val_history[0], trainer.val_history[-1]
         for key in sorted(k for k in first if k.endswith("/reward/mean")):
             print(f"validation {key}: start {first[key]:.4f} -> end {last.get(key, float('nan')):.4f}", flush=True)
-    return history
+    return trainer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,7 +70,8 @@ class RayPPOTrainer:
 
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self) -> list[dict]:
-        self.init_workers()
+        if not hasattr(self, "actor_wg"):
+            self.init_workers()
         log_dir = os.path.join(self.cfg.trainer.default_local_dir, "logs")
         self.tracker = Tracker(self.cfg, log_dir)
         history = []

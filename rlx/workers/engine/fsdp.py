@@ -105,7 +105,7 @@ def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg, device: torch.device) 
             sharding_strategy=(ShardingStrategy.FULL_SHARD if fsdp_cfg.reshard_after_forward
                                else ShardingStrategy.SHARD_GRAD_OP),
             cpu_offload=CPUOffload(offload_params=bool(getattr(fsdp_cfg, "offload_policy", False))),
-            device_id=device if device.type == "cuda" else None,
+            device_id=device,
             forward_prefetch=fsdp_cfg.forward_prefetch,
             use_orig_params=True,
             sync_module_states=False,

@@ -121,6 +121,7 @@ class VLLMRollout:
         self._prepare_distributed_env()
         from vllm import LLM
 
+        self._orig_set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it process-wide
         engine_kwargs = dict(_cfg_get(rollout_cfg, "engine_kwargs", {}) or {})
         llm_kwargs = self._engine_args(engine_kwargs)
         t0 = time.perf_counter()
@@ -130,6 +131,26 @@ class VLLMRollout:
         # The engine starts awake with the checkpoint's weights; the first sync replaces them.
         if self.free_cache_engine and self.sleep_enabled:
             self.release()
+
+    def shutdown(self) -> None:
+        """Tear the engine down and drop vLLM's process groups (not the worker's torch.distributed group), so a
+        new engine can be built in this process."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+        del llm
+        import gc
+        gc.collect()
+        from vllm.distributed import parallel_state as ps
+        ps.destroy_model_parallel()
+        if ps._WORLD is not None:
+            ps._WORLD.destroy()
+            ps._WORLD = None
+        torch.set_num_threads = self._orig_set_num_threads
 
     # ---- construction --------------------------------------------------------------------------------
     @property

