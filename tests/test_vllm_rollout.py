@@ -270,8 +270,22 @@ def _two_rank_worker(rank: int, world: int, port: int, path: str, result_dir: st
     hf = plain.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=R, eos_token_id=EOS,
                         pad_token_id=PAD)[:, P:]
     hf = torch.nn.functional.pad(hf, (0, R - hf.shape[1]), value=PAD).masked_fill(out["response_mask"] == 0, PAD)
-    torch.save({"vllm": out["responses"], "hf": hf}, os.path.join(result_dir, f"rank{rank}.pt"))
+    # FSDP1, really sharded over the 2 ranks and nested per decoder layer: names and values come back whole
+    import functools
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    policy = functools.partial(transformer_auto_wrap_policy,
+                               transformer_layer_cls={type(ref.model.layers[0])})
+    fsdp1 = FSDP(copy.deepcopy(ref), auto_wrap_policy=policy, device_id=torch.device("cpu"))
+    gathered = dict(iter_full_params(fsdp1))
+    fsdp1_ok = set(gathered) == {k for k, _ in ref.named_parameters()} and all(
+        torch.equal(gathered[k], v) for k, v in ref.named_parameters())
+    torch.save({"vllm": out["responses"], "hf": hf, "fsdp1_ok": fsdp1_ok},
+               os.path.join(result_dir, f"rank{rank}.pt"))
     rollout.shutdown()
+    dist.barrier()  # the worker's group survives the engine's shutdown
     dist.destroy_process_group()
 
 
@@ -284,3 +298,4 @@ def test_two_gloo_ranks(tmp_path):
     for rank in range(2):
         res = torch.load(tmp_path / f"rank{rank}.pt")
         assert torch.equal(res["vllm"], res["hf"]), (rank, res)
+        assert res["fsdp1_ok"], rank

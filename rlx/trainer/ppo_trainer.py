@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import uuid
 from contextlib import contextmanager
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from rlx.protocol import Batch
 from rlx.trainer import core_algos
@@ -77,6 +79,7 @@ class RayPPOTrainer:
         history = []
         if self.cfg.trainer.val_before_train:
             self.tracker.log(self.validate(), step=self.global_step)
+        bar = tqdm(total=self.total_steps, initial=self.global_step, desc="rlx", disable=not sys.stderr.isatty())
         while self.global_step < self.total_steps:
             self.global_step += 1
             metrics = self.train_step(self.train_loader.next_batch())
@@ -84,6 +87,9 @@ class RayPPOTrainer:
                 metrics.update(self.validate())
             self.tracker.log(metrics, step=self.global_step)
             history.append(metrics)
+            bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}", step_s=f"{metrics['timing_s/step']:.1f}")
+            bar.update(1)
+        bar.close()
         self.tracker.close()
         return history
 
@@ -116,6 +122,10 @@ class RayPPOTrainer:
                     metrics.update(self.actor_wg.run_dp_metrics("update_actor", batch))
         metrics.update(compute_data_metrics(batch.tensors, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(timing))
+        for stat in ("max_memory_allocated_gb", "max_memory_reserved_gb", "cpu_memory_used_gb"):
+            phases = [v for k, v in metrics.items() if k.startswith("perf/update_") and k.endswith(stat)]
+            if phases:
+                metrics[f"perf/{stat}"] = max(phases)
         metrics.update(compute_throughput_metrics(int(batch["attention_mask"].sum()), timing["step"],
                                                   self.world_size))
         return metrics

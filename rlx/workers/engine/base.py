@@ -41,7 +41,7 @@ class FSDPEngine:
 
             self.offloader = apply_activation_offload(self.module, model_cfg.activation_offload,
                                                       enable_gradient_checkpointing=ckpt)
-            log.info("[%s] activation offload: %s", role, self.offloader.describe())
+            log.info("[%s] %s", role, self.offloader.describe())
         self.optimizer = self.lr_scheduler = None
         if trains:
             self.optimizer, self.lr_scheduler = F.build_optimizer(self.module, optim_cfg, total_steps)
@@ -111,9 +111,18 @@ def split_mini_micro(batch: Batch, mini_size: int, micro_size: int, epochs: int,
             yield i, mini.split(micro_size)
 
 
-def device_memory_metrics(device: torch.device, prefix: str) -> dict:
+def device_memory_metrics(device: torch.device, phase: str) -> dict:
+    """Peak memory of this phase: device allocator on CUDA (peak reset after reading), host RSS on CPU."""
+    import psutil
+
+    rss = psutil.Process().memory_info().rss / 2**30
+    out = {f"perf/{phase}/cpu_memory_used_gb": rss}
     if device.type == "cuda":
-        return {f"perf/{prefix}max_memory_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30,
-                f"perf/{prefix}max_memory_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30}
-    import resource
-    return {f"perf/{prefix}max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+        out[f"perf/{phase}/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out[f"perf/{phase}/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        out[f"perf/{phase}/max_memory_allocated_gb"] = out[f"perf/{phase}/max_memory_reserved_gb"] = peak
+    return out

@@ -53,5 +53,5 @@ class CriticEngine(FSDPEngine):
             self.lr_scheduler.step()
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
         out["critic/lr"] = self.lr_scheduler.get_last_lr()[0]
-        out.update(device_memory_metrics(self.device, "update_critic/"))
+        out.update(device_memory_metrics(self.device, "update_critic"))
         return out

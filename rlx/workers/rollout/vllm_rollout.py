@@ -133,24 +133,35 @@ class VLLMRollout:
             self.release()
 
     def shutdown(self) -> None:
-        """Tear the engine down and drop vLLM's process groups (not the worker's torch.distributed group), so a
-        new engine can be built in this process."""
+        """Tear the engine down and drop vLLM's process groups, keeping the worker's torch.distributed group, so
+        training can go on (and a new engine can be built in this process).
+
+        vLLM's in-process engine shuts down through `cleanup_dist_env_and_memory()`, which also destroys the
+        default torch.distributed group; that happens too when the `LLM` object is garbage-collected. Call this
+        instead of dropping the rollout while the worker still needs its process group.
+        """
         llm = self.__dict__.pop("llm", None)
         if llm is None:
             return
+        from vllm.distributed import parallel_state as ps
+
+        def _destroy_vllm_world_only():
+            if ps._WORLD is not None:
+                ps._WORLD.destroy()
+            ps._WORLD = None
+
+        original = ps.destroy_distributed_environment
+        ps.destroy_distributed_environment = _destroy_vllm_world_only
         try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:  # noqa: BLE001
-            pass
+            llm.llm_engine.engine_core.shutdown()  # detaches the GC finaliser, tears down executor + groups
+        finally:
+            ps.destroy_distributed_environment = original
+            ps.destroy_model_parallel()
+            _destroy_vllm_world_only()
+            torch.set_num_threads = self._orig_set_num_threads
         del llm
         import gc
         gc.collect()
-        from vllm.distributed import parallel_state as ps
-        ps.destroy_model_parallel()
-        if ps._WORLD is not None:
-            ps._WORLD.destroy()
-            ps._WORLD = None
-        torch.set_num_threads = self._orig_set_num_threads
 
     # ---- construction --------------------------------------------------------------------------------
     @property

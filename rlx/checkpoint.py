@@ -1,0 +1,394 @@
+"""Checkpoints: sharded engine save/load (every rank) and the driver's bookkeeping (rank-agnostic). No Ray.
+
+Layout under the root (`trainer.default_local_dir`)::
+
+    global_step_N/actor/{model/, optim/, extra_rank{r}.pt, meta.json, huggingface/}
+    global_step_N/critic/...
+    global_step_N/driver_state.json
+    global_step_N/COMPLETE                      written last, by the driver: the step is resumable
+    latest_checkpointed_iteration.txt           verl's pointer, written after COMPLETE
+
+`model/` and `optim/` are torch distributed checkpoints (DCP) of the sharded state dicts that
+`torch.distributed.checkpoint.state_dict` builds for FSDP1 and FSDP2 alike; they load back at any world size.
+`extra_rank{r}.pt` holds the lr scheduler and the rank's RNG states. `huggingface/` (optional) is a plain HF
+model directory (config, safetensors, tokenizer) for `from_pretrained` and vLLM.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("rlx")
+
+CONTENTS = ("model", "optimizer", "extra")
+COMPLETE = "COMPLETE"
+LATEST = "latest_checkpointed_iteration.txt"
+DRIVER_STATE = "driver_state.json"
+HF_DIR = "huggingface"
+_STEP_RE = re.compile(r"^global_step_(\d+)$")
+
+
+# ---------------------------------------------------------------------------------------------- engine (all ranks)
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _check_contents(contents, what: str) -> set:
+    contents = set(contents)
+    unknown = contents - set(CONTENTS) - {"hf_model"}
+    if unknown:
+        raise ValueError(f"checkpoint {what}={sorted(contents)}: unknown {sorted(unknown)}; "
+                         f"choose from {list(CONTENTS) + ['hf_model']}")
+    return contents
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save_model(engine, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dcp.save(get_model_state_dict(engine.module), checkpoint_id=os.path.join(path, "model"))
+
+
+def _save_optimizer(engine, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    dcp.save(get_optimizer_state_dict(engine.module, engine.optimizer), checkpoint_id=os.path.join(path, "optim"))
+
+
+def _save_extra(engine, path: str, rank: int) -> None:
+    extra = {"rng": _rng_state(),
+             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None}
+    _atomic_torch_save(extra, os.path.join(path, f"extra_rank{rank}.pt"))
+
+
+def save_engine(engine, path: str, contents=CONTENTS, hf_export: bool = False, tokenizer=None) -> None:
+    """Save `engine` (an FSDPEngine) under `path`. Collective: call on every rank of the engine's group.
+
+    contents: any of model | optimizer | extra (lr scheduler + RNG), plus verl's hf_model (= hf_export).
+    A stale checkpoint at `path` (a crashed earlier save of the same step) is replaced.
+    """
+    contents = _check_contents(contents, "save_contents")
+    hf_export = hf_export or "hf_model" in contents
+    rank, world = _rank_world()
+    if rank == 0:
+        for name in os.listdir(path) if os.path.isdir(path) else []:
+            if name in ("model", "optim", HF_DIR, "meta.json") or name.startswith("extra_rank"):
+                p = os.path.join(path, name)
+                shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+    _barrier()
+    os.makedirs(path, exist_ok=True)
+    saved = []
+    with engine.phase(with_optimizer=engine.optimizer is not None):
+        if "model" in contents:
+            _save_model(engine, path)
+            saved.append("model")
+        if "optimizer" in contents and engine.optimizer is not None:
+            _save_optimizer(engine, path)
+            saved.append("optimizer")
+        if "extra" in contents:
+            _save_extra(engine, path, rank)
+            saved.append("extra")
+        if hf_export:
+            export_hf(engine.module, os.path.join(path, HF_DIR), tokenizer=tokenizer)
+    _barrier()  # every rank's files are written before rank 0 declares the engine part done
+    if rank == 0:
+        meta = {"role": getattr(engine, "role", None), "world_size": world, "contents": saved,
+                "torch": torch.__version__}
+        _atomic_write(os.path.join(path, "meta.json"), json.dumps(meta, indent=1))
+    _barrier()
+
+
+def load_engine(engine, path: str, contents=CONTENTS) -> None:
+    """Restore what `save_engine` wrote (model, optimizer, lr scheduler, RNG). Collective: every rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    contents = _check_contents(contents, "load_contents") - {"hf_model"}
+    meta_path = os.path.join(path, "meta.json")
+    if not os.path.exists(meta_path):
+        raise FileNotFoundError(f"{path}: not a complete engine checkpoint (no meta.json)")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    if engine.optimizer is None:
+        contents.discard("optimizer")
+    missing = contents - set(meta["contents"])
+    if missing:
+        raise ValueError(f"{path} holds {meta['contents']} but load_contents asks for {sorted(missing)}; "
+                         f"drop them from checkpoint.load_contents or resume from another checkpoint")
+    rank, world = _rank_world()
+    with engine.phase(with_optimizer=engine.optimizer is not None):
+        if "model" in contents:
+            sd = get_model_state_dict(engine.module)
+            dcp.load(sd, checkpoint_id=os.path.join(path, "model"))
+            set_model_state_dict(engine.module, sd)
+        if "optimizer" in contents:
+            osd = get_optimizer_state_dict(engine.module, engine.optimizer)  # initialises empty Adam state
+            dcp.load(osd, checkpoint_id=os.path.join(path, "optim"))
+            set_optimizer_state_dict(engine.module, engine.optimizer, osd)
+    if "extra" in contents:
+        own = os.path.join(path, f"extra_rank{rank}.pt")
+        same_world = meta["world_size"] == world and os.path.exists(own)
+        if not same_world:
+            log.warning("%s was saved by %d ranks, loading on %d: RNG states are not restored",
+                        path, meta["world_size"], world)
+        extra = torch.load(own if same_world else os.path.join(path, "extra_rank0.pt"), weights_only=False)
+        if extra["lr_scheduler"] is not None and engine.lr_scheduler is not None:
+            engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        if same_world:
+            _set_rng_state(extra["rng"])
+    _barrier()
+
+
+# ---------------------------------------------------------------------------------------------- HF export
+def _unwrap_hf(module):
+    from transformers import PreTrainedModel
+
+    inner = getattr(module, "_fsdp_wrapped_module", module)  # FSDP1 root
+    inner = getattr(inner, "_checkpoint_wrapped_module", inner)
+    cls = next(c for c in type(inner).__mro__ if issubclass(c, PreTrainedModel)
+               and not c.__name__.startswith("FSDP"))  # FSDP2 prepends a dynamic FSDP<cls> subclass
+    return inner, cls
+
+
+def _persistent_buffers(module):
+    from rlx.workers.rollout.weight_sync import clean_param_name
+
+    for mod_name, mod in module.named_modules():
+        for name, buf in mod._buffers.items():
+            if buf is not None and name not in mod._non_persistent_buffers_set:
+                yield clean_param_name(f"{mod_name}.{name}" if mod_name else name), buf
+
+
+def export_hf(module, out_dir: str, tokenizer=None, dtype: torch.dtype | None = None,
+              max_shard_bytes: int = 5 * 2**30) -> None:
+    """Write an HF model dir (config, safetensors shards + index, tokenizer) from an FSDP1/FSDP2/plain module.
+
+    Collective: all ranks gather (one parameter at a time for FSDP2), rank 0 keeps CPU copies and writes.
+    Without `tokenizer`, the tokenizer/generation files of the model's source directory are copied.
+    """
+    import copy
+
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    from rlx.workers.rollout.weight_sync import iter_full_params
+
+    rank, _ = _rank_world()
+    sd = {}
+    for name, t in iter_full_params(module, to_cpu=True, dtype=dtype):
+        if rank == 0:
+            sd[name] = t.clone().contiguous()
+    if rank == 0:
+        hf, cls = _unwrap_hf(module)
+        for name, buf in _persistent_buffers(hf):
+            sd.setdefault(name, buf.detach().cpu().clone())
+        tmp = out_dir.rstrip("/") + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        config = copy.deepcopy(hf.config)
+        config.architectures = [cls.__name__]
+        config.use_cache = True
+        first = next((t for t in sd.values() if t.is_floating_point()), None)
+        if first is not None:
+            config.torch_dtype = first.dtype
+        config.save_pretrained(tmp)
+        split = split_torch_state_dict_into_shards(sd, max_shard_size=max_shard_bytes)
+        for fname, names in split.filename_to_tensors.items():
+            save_file({n: sd[n] for n in names}, os.path.join(tmp, fname), metadata={"format": "pt"})
+        if split.is_sharded:
+            index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+            _atomic_write(os.path.join(tmp, "model.safetensors.index.json"), json.dumps(index, indent=1))
+        src = getattr(config, "_name_or_path", "") or ""
+        if os.path.isdir(src):
+            for fname in os.listdir(src):
+                if fname == "generation_config.json" or (tokenizer is None and _is_tokenizer_file(fname)):
+                    shutil.copy2(os.path.join(src, fname), os.path.join(tmp, fname))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.replace(tmp, out_dir)
+    _barrier()
+
+
+def _is_tokenizer_file(fname: str) -> bool:
+    return fname.startswith("tokenizer") or fname in ("special_tokens_map.json", "vocab.json", "merges.txt",
+                                                      "added_tokens.json", "chat_template.jinja",
+                                                      "chat_template.json")
+
+
+# ---------------------------------------------------------------------------------------------- driver side
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"global_step_{int(step)}")
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_torch_save(obj, path: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_latest(root: str, step: int) -> None:
+    """Point verl's `latest_checkpointed_iteration.txt` at `step` (after the step's COMPLETE marker)."""
+    os.makedirs(root, exist_ok=True)
+    _atomic_write(os.path.join(root, LATEST), str(int(step)))
+
+
+def mark_complete(directory: str) -> None:
+    """Declare a step's checkpoint resumable: call last, after every engine part and the driver state."""
+    _atomic_write(os.path.join(directory, COMPLETE), "")
+
+
+def is_complete(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, COMPLETE))
+
+
+def list_steps(root: str, complete_only: bool = True) -> list[int]:
+    """Steps with a `global_step_N` dir under `root` (only complete ones by default), ascending."""
+    if not os.path.isdir(root):
+        return []
+    steps = [int(m.group(1)) for m in map(_STEP_RE.match, os.listdir(root)) if m]
+    return sorted(s for s in steps if not complete_only or is_complete(step_dir(root, s)))
+
+
+def find_resume_dir(trainer_cfg) -> str | None:
+    """The step dir to resume from per `trainer.resume_mode`, or None to start fresh.
+
+    auto: the newest complete step under `trainer.default_local_dir` (the latest pointer is only trusted
+    as far as it names a complete dir; incomplete dirs from crashed saves are ignored). disable: None.
+    resume_path: `trainer.resume_from_path`, which must be a complete step dir.
+    """
+    mode = trainer_cfg.resume_mode
+    if mode == "disable":
+        return None
+    if mode == "auto":
+        steps = list_steps(trainer_cfg.default_local_dir)
+        return step_dir(trainer_cfg.default_local_dir, steps[-1]) if steps else None
+    if mode == "resume_path":
+        path = trainer_cfg.resume_from_path
+        if not path or not os.path.isdir(path):
+            raise ValueError(f"trainer.resume_from_path={path!r} does not exist (trainer.resume_mode=resume_path); "
+                             f"give a global_step_N checkpoint dir or set trainer.resume_mode=auto")
+        if not is_complete(path):
+            raise ValueError(f"trainer.resume_from_path={path!r} is not a complete checkpoint (no {COMPLETE} "
+                             f"marker: its save did not finish); give a global_step_N dir that has one")
+        return path
+    raise ValueError(f"trainer.resume_mode={mode!r}: choose auto | disable | resume_path")
+
+
+def _to_json(x):
+    if isinstance(x, torch.Tensor):
+        return {"__tensor__": x.tolist(), "dtype": str(x.dtype).replace("torch.", "")}
+    if isinstance(x, np.ndarray):
+        return {"__ndarray__": x.tolist(), "dtype": str(x.dtype)}
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, tuple):
+        return {"__tuple__": [_to_json(v) for v in x]}
+    if isinstance(x, list):
+        return [_to_json(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): _to_json(v) for k, v in x.items()}
+    return x
+
+
+def _from_json(x):
+    if isinstance(x, list):
+        return [_from_json(v) for v in x]
+    if isinstance(x, dict):
+        if "__tensor__" in x:
+            return torch.tensor(x["__tensor__"], dtype=getattr(torch, x["dtype"]))
+        if "__ndarray__" in x:
+            return np.asarray(x["__ndarray__"], dtype=x["dtype"])
+        if "__tuple__" in x:
+            return tuple(_from_json(v) for v in x["__tuple__"])
+        return {k: _from_json(v) for k, v in x.items()}
+    return x
+
+
+def save_driver_state(directory: str, state: dict) -> None:
+    """JSON (atomic) of the driver's state: global_step, dataloader state, kl controller value, ...
+    Tensors, numpy arrays and tuples survive the round trip."""
+    os.makedirs(directory, exist_ok=True)
+    _atomic_write(os.path.join(directory, DRIVER_STATE), json.dumps(_to_json(state), indent=1))
+
+
+def load_driver_state(directory: str) -> dict:
+    with open(os.path.join(directory, DRIVER_STATE)) as f:
+        return _from_json(json.load(f))
+
+
+def rotate(root: str, keep: int | None, subdir: str) -> list[str]:
+    """Keep `subdir` (actor | critic) of the newest `keep` steps that have it; remove it from older steps.
+
+    A step that loses a part is no longer resumable: its COMPLETE marker goes first, and the whole step dir
+    once neither actor nor critic is left. Incomplete steps newer than the newest complete one are left
+    alone. keep None or <= 0: keep everything. Returns the removed paths.
+    """
+    if subdir not in ("actor", "critic"):
+        raise ValueError(f"rotate: subdir={subdir!r}, expected actor | critic")
+    if not keep or keep <= 0:
+        return []
+    complete = list_steps(root)
+    if not complete:
+        return []
+    having = [s for s in list_steps(root, complete_only=False)
+              if s <= complete[-1] and os.path.isdir(os.path.join(step_dir(root, s), subdir))]
+    if len(having) <= keep:
+        return []
+    cutoff = having[-keep]
+    removed = []
+    for step in list_steps(root, complete_only=False):
+        d = step_dir(root, step)
+        if step >= cutoff or not os.path.isdir(os.path.join(d, subdir)):
+            continue
+        if is_complete(d):
+            os.remove(os.path.join(d, COMPLETE))
+        shutil.rmtree(os.path.join(d, subdir))
+        removed.append(os.path.join(d, subdir))
+        if not any(os.path.isdir(os.path.join(d, s)) for s in ("actor", "critic")):
+            shutil.rmtree(d)
+    return removed

@@ -1,0 +1,218 @@
+"""Checkpoints: exact resume of FSDP1/FSDP2 actor engines over 2-rank gloo, HF export, crash safety, rotation."""
+from __future__ import annotations
+
+import os
+import socket
+from types import SimpleNamespace
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest
+import torch
+
+from rlx import checkpoint as ckpt
+
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _engine(strategy: str):
+    from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
+    from rlx.workers.engine.actor import ActorEngine
+
+    # warm-up makes the lr differ per step, so a scheduler that is not restored shows in the params
+    actor_cfg = ActorConfig(strategy=strategy, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+                            optim=OptimConfig(lr=1e-2, lr_warmup_steps=3))
+    return ActorEngine(role="actor", model_cfg=ModelConfig(enable_gradient_checkpointing=False), actor_cfg=actor_cfg,
+                       fsdp_cfg=FSDPConfig(), strategy=strategy, device=torch.device("cpu"), world_size=WORLD,
+                       rollout_n=2, temperature=1.0, total_steps=10)
+
+
+def _train_step(engine, step: int, rank: int):
+    """One PPO update on a fixed per-(step, rank) batch; returns (log-probs before the update, metrics)."""
+    from rlx.protocol import Batch
+
+    g = torch.Generator().manual_seed(100 * step + rank)
+    prompt, resp = 4, 6
+    ids = torch.randint(3, 259, (2, prompt + resp), generator=g)
+    batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                   "position_ids": torch.arange(prompt + resp).expand(2, -1).clone(),
+                   "responses": ids[:, prompt:], "response_mask": torch.ones(2, resp),
+                   "advantages": torch.randn(2, resp, generator=g)})
+    lp = engine.compute_log_prob(batch, 2)["log_probs"]
+    metrics = engine.update_policy(batch.union(Batch({"old_log_probs": lp - 0.05})))
+    return lp, metrics
+
+
+def _full_params(engine) -> dict:
+    from rlx.workers.rollout.weight_sync import iter_full_params
+
+    return {k: v.clone() for k, v in iter_full_params(engine.module, to_cpu=True)}
+
+
+def _worker(rank: int, port: int, strategy: str, root: str):
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=WORLD)
+    try:
+        _check(rank, strategy, root)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _check(rank: int, strategy: str, root: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    barrier = torch.distributed.barrier
+    trainer_cfg = SimpleNamespace(resume_mode="auto", default_local_dir=root, resume_from_path=None)
+    a = _engine(strategy)
+    _train_step(a, 1, rank)
+    d1 = ckpt.step_dir(root, 1)
+    ckpt.save_engine(a, os.path.join(d1, "actor"), hf_export=True)
+    if rank == 0:
+        ckpt.save_driver_state(d1, {"global_step": 1})
+        ckpt.mark_complete(d1)
+        ckpt.write_latest(root, 1)
+    barrier()
+
+    # (2) the HF export: same weights, same logits as the FSDP model
+    ids = torch.tensor([[5, 17, 42, 99, 7, 250, 3, 64]])
+    a.train_mode(False)
+    with torch.no_grad():
+        fsdp_logits = a.module(input_ids=ids, use_cache=False).logits
+    full1 = _full_params(a)
+    if rank == 0:
+        hf_dir = os.path.join(d1, "actor", ckpt.HF_DIR)
+        hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+        hf_sd = hf.state_dict()
+        assert set(hf_sd) >= set(full1), set(full1) - set(hf_sd)
+        for k, v in full1.items():
+            assert torch.equal(hf_sd[k], v), k
+        with torch.no_grad():
+            torch.testing.assert_close(hf(input_ids=ids).logits, fsdp_logits, rtol=1e-5, atol=1e-5)
+        assert AutoTokenizer.from_pretrained(hf_dir).decode([40, 41]) is not None
+    rand_after_save = torch.rand(4)
+    lr_after_save = a.lr_scheduler.get_last_lr()
+
+    lp2, m2 = _train_step(a, 2, rank)
+    params2 = _full_params(a)
+
+    # (1) a fresh engine loads step 1 and repeats step 2 exactly
+    b = _engine(strategy)
+    torch.manual_seed(1234 + rank)
+    ckpt.load_engine(b, os.path.join(d1, "actor"))
+    assert torch.equal(torch.rand(4), rand_after_save), "torch RNG not restored"
+    assert b.lr_scheduler.get_last_lr() == lr_after_save
+    lp2b, m2b = _train_step(b, 2, rank)
+    assert torch.equal(lp2, lp2b), "log-probs after load differ"
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/lr"):
+        assert m2[k] == m2b[k], (k, m2[k], m2b[k])
+    params2b = _full_params(b)
+    for k, v in params2.items():
+        assert torch.equal(v, params2b[k]), f"param {k} differs after resume"
+    assert any(not torch.equal(v, full1[k]) for k, v in params2.items()), "step 2 changed nothing"
+
+    # (3) a save that dies after the model part: no COMPLETE, resume falls back to step 1
+    d2 = ckpt.step_dir(root, 2)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    orig = ckpt._save_optimizer
+    ckpt._save_optimizer = boom
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            ckpt.save_engine(b, os.path.join(d2, "actor"))
+    finally:
+        ckpt._save_optimizer = orig
+    barrier()
+    assert os.path.isdir(os.path.join(d2, "actor", "model")) and not ckpt.is_complete(d2)
+    if rank == 0:
+        ckpt.write_latest(root, 2)  # even a pointer naming the broken step is not trusted
+    barrier()
+    assert ckpt.find_resume_dir(trainer_cfg) == d1
+    # saving the same step again replaces the partial one
+    ckpt.save_engine(b, os.path.join(d2, "actor"))
+    if rank == 0:
+        ckpt.mark_complete(d2)
+    barrier()
+    assert ckpt.find_resume_dir(trainer_cfg) == d2
+    c = _engine(strategy)
+    ckpt.load_engine(c, os.path.join(d2, "actor"))
+    for k, v in _full_params(c).items():
+        assert torch.equal(v, params2b[k]), k
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_resume_exact_hf_export_and_crash(strategy, tmp_path, tiny_model_path):
+    torch.multiprocessing.spawn(_worker, args=(_free_port(), strategy, str(tmp_path)), nprocs=WORLD, join=True)
+
+
+# ---------------------------------------------------------------------------------------------- driver side
+def _fake_step(root, step, parts=("actor", "critic"), complete=True):
+    d = ckpt.step_dir(root, step)
+    for p in parts:
+        os.makedirs(os.path.join(d, p))
+    if complete:
+        ckpt.mark_complete(d)
+    return d
+
+
+def test_rotate_keeps_newest(tmp_path):
+    root = str(tmp_path)
+    for s in range(1, 6):
+        _fake_step(root, s)
+    _fake_step(root, 6, complete=False)  # a crashed save newer than every complete step is left alone
+    assert ckpt.rotate(root, None, "actor") == [] and ckpt.rotate(root, 0, "critic") == []
+    removed = ckpt.rotate(root, 2, "actor")
+    assert sorted(removed) == [os.path.join(ckpt.step_dir(root, s), "actor") for s in (1, 2, 3)]
+    assert ckpt.list_steps(root) == [4, 5]  # a step that lost its actor is no longer resumable
+    ckpt.rotate(root, 3, "critic")
+    assert ckpt.list_steps(root, complete_only=False) == [3, 4, 5, 6]  # steps 1, 2 had nothing left
+    assert os.path.isdir(os.path.join(ckpt.step_dir(root, 3), "critic"))
+    assert os.path.isdir(os.path.join(ckpt.step_dir(root, 6), "actor"))
+    with pytest.raises(ValueError):
+        ckpt.rotate(root, 1, "ref")
+
+
+def test_find_resume_dir_modes(tmp_path):
+    root = str(tmp_path / "ckpts")
+    cfg = SimpleNamespace(resume_mode="auto", default_local_dir=root, resume_from_path=None)
+    assert ckpt.find_resume_dir(cfg) is None  # no root yet
+    d3 = _fake_step(root, 3)
+    _fake_step(root, 10)
+    d12 = _fake_step(root, 12, complete=False)
+    ckpt.write_latest(root, 12)
+    assert open(os.path.join(root, ckpt.LATEST)).read() == "12"
+    assert ckpt.find_resume_dir(cfg) == ckpt.step_dir(root, 10)  # numeric order, incomplete 12 ignored
+    cfg.resume_mode = "disable"
+    assert ckpt.find_resume_dir(cfg) is None
+    cfg.resume_mode, cfg.resume_from_path = "resume_path", d3
+    assert ckpt.find_resume_dir(cfg) == d3
+    for bad in (str(tmp_path / "nope"), None, d12):
+        cfg.resume_from_path = bad
+        with pytest.raises(ValueError, match="trainer.resume_from_path"):
+            ckpt.find_resume_dir(cfg)
+    cfg.resume_mode = "sometimes"
+    with pytest.raises(ValueError, match="trainer.resume_mode"):
+        ckpt.find_resume_dir(cfg)
+
+
+def test_driver_state_round_trip(tmp_path):
+    import numpy as np
+
+    state = {"global_step": 7, "kl_ctrl_value": 0.0123,
+             "dataloader": {"epoch": 1, "position": 3, "gen": torch.ByteTensor([1, 2, 255]),
+                            "perm": np.arange(4), "py": (3, (1, 2), None)}}
+    ckpt.save_driver_state(str(tmp_path), state)
+    back = ckpt.load_driver_state(str(tmp_path))
+    assert back["global_step"] == 7 and back["kl_ctrl_value"] == 0.0123
+    dl = back["dataloader"]
+    assert torch.equal(dl["gen"], state["dataloader"]["gen"]) and dl["gen"].dtype == torch.uint8
+    assert (dl["perm"] == np.arange(4)).all() and dl["py"] == (3, (1, 2), None)
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]

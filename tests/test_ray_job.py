@@ -1,0 +1,151 @@
+"""A real Ray cluster: start a head node, `ray job submit` a 1-step tiny rlx job to it, check that the job's driver
+joined that cluster (and did not start a local Ray of its own) and logged the step metrics.
+
+Everything runs in subprocesses with their own environment (no RAY_ADDRESS and no `ray.init` in the pytest
+process), a private temp dir and free ports, so the session's in-process Ray (conftest `ray_local`) and other Ray
+instances on the machine are left alone. The node is stopped by signalling the `ray start --block` process it was
+started from (it tears down its own processes), then its process group -- never with `ray stop`, which stops every
+Ray process of the machine.
+"""
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
+JOB_TIMEOUT_S = 300
+JOB_ARGS = [
+    "trainer.total_training_steps=1", "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "trainer.val_before_train=False", "data.val_files=synthetic://digits/size:8/seed:1",
+]
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _cluster_env(tmp: str) -> dict:
+    """Environment of every Ray CLI call (and, through the node, of the job): token auth with a private token."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_", "RAY_JOB_"))}
+    env.update({
+        # Ray 2.60 turns token auth on for a new cluster when ~/.ray/auth_token exists; make it explicit and use
+        # a token of this test only, so neither the user's token file nor other clusters matter.
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_DEDUP_LOGS": "0",
+        "PYTHONUNBUFFERED": "1",
+        # keep the node's own processes lean: two shared cores
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TMPDIR": tmp,
+    })
+    return env
+
+
+def _ray(env, *args, timeout=120, check=True):
+    proc = subprocess.run([RAY_CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"`ray {' '.join(args)}` failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def ray_head():
+    """A Ray head node on 127.0.0.1 with its dashboard (job API); yields (dashboard address, gcs address, env)."""
+    tmp = tempfile.mkdtemp(prefix="rlxrj", dir="/tmp")  # short: Ray's unix socket paths must stay < 108 chars
+    env = _cluster_env(tmp)
+    gcs, dash, client, agent = _free_ports(4)
+    log_path = os.path.join(tmp, "ray_start.log")
+    with open(log_path, "w") as log:
+        head = subprocess.Popen(
+            [RAY_CLI, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
+             f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
+             f"--temp-dir={tmp}", "--num-cpus=2", "--disable-usage-stats"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            with open(log_path) as f:
+                text = f.read()
+            if "Ray runtime started" in text:
+                break
+            if head.poll() is not None or time.time() > deadline:
+                raise AssertionError(f"the Ray head node did not start:\n{text}")
+            time.sleep(0.5)
+        address = f"http://127.0.0.1:{dash}"
+        # the job API comes up with the dashboard, possibly just after the node
+        while _ray(env, "job", "list", f"--address={address}", check=False).returncode != 0:
+            if time.time() > deadline:
+                raise AssertionError(f"the dashboard at {address} does not answer:\n{text}")
+            time.sleep(1)
+        yield address, f"127.0.0.1:{gcs}", env
+    finally:
+        if head.poll() is None:
+            head.send_signal(signal.SIGTERM)  # `ray start --block` stops the processes it started
+            try:
+                head.wait(timeout=45)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(head.pid, signal.SIGKILL)  # anything left in the node's own process group
+        except ProcessLookupError:
+            pass
+        head.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _runtime_env() -> dict:
+    """scripts/runtime_env.yaml (what users submit with), as the JSON of `--runtime-env-json`."""
+    with open(os.path.join(REPO, "scripts", "runtime_env.yaml")) as f:
+        runtime_env = yaml.safe_load(f)
+    assert {".venv/", ".git/"} <= set(runtime_env["excludes"])
+    runtime_env["env_vars"].update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    return runtime_env
+
+
+def test_ray_job_submit_joins_the_cluster(ray_head):
+    address, gcs_address, env = ray_head
+    job_id = f"rlx-test-{secrets.token_hex(4)}"
+    start = time.time()
+    _ray(env, "job", "submit", f"--address={address}", f"--submission-id={job_id}", f"--working-dir={REPO}",
+         f"--runtime-env-json={json.dumps(_runtime_env())}", "--no-wait",
+         "--", sys.executable, "-m", "rlx.trainer.main_ppo", *JOB_ARGS)
+    try:
+        # --follow returns when the job reaches a terminal state
+        _ray(env, "job", "logs", f"--address={address}", "--follow", job_id, timeout=JOB_TIMEOUT_S, check=False)
+        status = _ray(env, "job", "status", f"--address={address}", job_id).stdout
+        logs = _ray(env, "job", "logs", f"--address={address}", job_id).stdout
+    except subprocess.TimeoutExpired:
+        _ray(env, "job", "stop", f"--address={address}", job_id, check=False)
+        raise
+    seconds = time.time() - start
+    assert "SUCCEEDED" in status, f"job {job_id} did not succeed:\n{status}\n--- job logs ---\n{logs}"
+    assert "step:1" in logs and "critic/score/mean" in logs, logs
+    # the driver joined the head node's cluster through RAY_ADDRESS (set by the job supervisor) ...
+    assert "Connecting to existing Ray cluster" in logs and gcs_address in logs, logs
+    # ... and never started a Ray of its own
+    assert "Started a local Ray instance" not in logs, logs
+    print(f"ray job {job_id}: {seconds:.1f}s")
