@@ -122,6 +122,7 @@ def test_synthetic_source_deterministic(tok):
     url = "synthetic://digits?size=32&seed=3"
     a, b = synthetic.generate_rows(url), synthetic.generate_rows(url)
     assert a == b and len(a) == 32
+    assert synthetic.generate_rows("synthetic://digits/size:32/seed:3") == a  # Hydra-friendly form
     assert synthetic.generate_rows("synthetic://digits?size=32&seed=4") != a
     r = a[0]
     assert r["data_source"] == "synthetic/digits" and r["prompt"][0]["role"] == "user"

@@ -217,8 +217,8 @@ class ActorConfig:
     """verl key (not supported yet)."""
     checkpoint: CheckpointContents = field(default_factory=CheckpointContents)
     """Checkpoint contents."""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
-    """Optimizer."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
+    """Optimizer (the default lr suits the built-in tiny model; verl recipes use ~1e-6 for real LLMs)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP settings of the actor."""
 
@@ -477,7 +477,7 @@ class TrainerConfig:
     """verl key; rlx splits batches evenly by rows."""
     total_epochs: int = 1
     """Epochs over the training set."""
-    total_training_steps: Optional[int] = 6
+    total_training_steps: Optional[int] = 20
     """Stop after this many steps (null: total_epochs over the data)."""
     project_name: str = "rlx"
     """Project name (loggers, checkpoint dir)."""
@@ -503,7 +503,7 @@ class TrainerConfig:
     """Validate before the first step."""
     val_only: bool = False
     """Only validate."""
-    test_freq: int = -1
+    test_freq: int = 10
     """Validate every N steps (-1: only before training and at the end)."""
     critic_warmup: int = 0
     """Steps that update only the critic."""

@@ -93,7 +93,7 @@ class _Boundary(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, offloader, group, is_output, *tensors):
-        ctx.offloader, ctx.group, ctx.is_output = offloader, group, is_output
+        ctx.offloader, ctx.group, ctx.is_output = offloader, group, is_output  # only inputs are marked now
         ctx.set_materialize_grads(False)
         return tensors if len(tensors) > 1 else tensors[0]
 
@@ -252,7 +252,11 @@ class ActivationOffloader:
                 out = checkpoint(orig, *args, use_reentrant=False, **kwargs)
             else:
                 out = orig(*args, **kwargs)
-        out, _ = _mark(self, g, True, out)
+        # backward of this layer starts when the gradient of its output arrives: a tensor hook, so the output
+        # stays the layer's own tensor (not a view: FSDP2 warns about views, in-place ops on them lose hooks)
+        for t in _tensors_in(out if isinstance(out, (tuple, list)) else [out])[:8]:
+            if t.requires_grad:
+                t.register_hook(lambda grad, g=g: self._on_backward_start(g))
         self._end_forward(g)
         return out
 

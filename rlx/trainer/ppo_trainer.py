@@ -16,6 +16,7 @@ from rlx.protocol import Batch
 from rlx.trainer import core_algos
 from rlx.trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 from rlx.trainer.tracking import Tracker
+from rlx.workers.rollout.probs_diff import rollout_probs_diff
 
 log = logging.getLogger("rlx")
 
@@ -106,6 +107,9 @@ class RayPPOTrainer:
                 self.compute_reward(batch, metrics)
             with timed("old_log_prob", timing):
                 batch = batch.union(self.actor_wg.run_dp("compute_log_prob", batch))
+            if "rollout_log_probs" in batch:
+                metrics.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"],
+                                                  batch["response_mask"]))
             if self.use_ref:
                 with timed("ref", timing):
                     batch = batch.union(self.actor_wg.run_dp("compute_ref_log_prob", batch))

@@ -205,8 +205,9 @@ class VLLMRollout:
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
             disable_log_stats=bool(_cfg_get(cfg, "disable_log_stats", True)),
-            # prompts are token ids and results are read as token ids: no tokenizer in the engine
-            skip_tokenizer_init=True,
+            # prompts go in and results come out as token ids (detokenize=False); the tokenizer is still loaded
+            # (cheap): with skip_tokenizer_init=True vLLM 0.32 logs a chat-template warm-up traceback per engine
+            skip_tokenizer_init=False,
             # log-probs of the sampled token after temperature (and top-k/top-p), as the actor computes them
             logprobs_mode="processed_logprobs",
             trust_remote_code=bool(_cfg_get(cfg, "trust_remote_code", False)),

@@ -9,8 +9,8 @@
 * a plain module (also DDP): parameters are yielded as they are.
 
 Gathering is collective: EVERY rank of the FSDP group must exhaust the iterator, in the same order, even a
-rank that throws the tensors away. The yielded tensors are detached views of the gathered data; the consumer
-must copy them (vLLM's weight loaders do) before asking for the next one.
+rank that throws the tensors away. FSDP1/FSDP2 tensors are fresh copies the consumer may keep; for a plain
+module they are the live parameters (detached), so copy them before changing the module.
 """
 from __future__ import annotations
 
@@ -77,9 +77,12 @@ def iter_full_params(module: nn.Module, *, to_cpu: bool = False,
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         # FSDP1's `summon_full_params` needs the root FSDP instance; a model whose root is not wrapped
         # contains several roots, each summoned with the rest of the model.
+        # the unsharded parameters are views into flat buffers freed when the context exits: clone each one so
+        # a consumer that keeps the tensors (e.g. `dict(iter_full_params(m))`) never reads freed memory
         with FSDP.summon_full_params(module, writeback=False, recurse=True):
             for name, param in module.named_parameters():
-                yield clean_param_name(name), _post(param)
+                t = _post(param)
+                yield clean_param_name(name), (t.clone() if t.data_ptr() == param.data_ptr() else t)
         return
 
     DTensor = _dtensor_cls()
