@@ -222,7 +222,7 @@ def export_hf(module, out_dir: str, tokenizer=None, dtype: torch.dtype | None = 
         config.use_cache = True
         first = next((t for t in sd.values() if t.is_floating_point()), None)
         if first is not None:
-            config.torch_dtype = first.dtype
+            config.dtype = first.dtype
         config.save_pretrained(tmp)
         split = split_torch_state_dict_into_shards(sd, max_shard_size=max_shard_bytes)
         for fname, names in split.filename_to_tensors.items():

@@ -55,12 +55,16 @@ def _full_params(engine) -> dict:
     return {k: v.clone() for k, v in iter_full_params(engine.module, to_cpu=True)}
 
 
-def _worker(rank: int, port: int, strategy: str, root: str):
+def _worker(rank: int, port: int, root: str):
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                          world_size=WORLD)
     try:
-        _check(rank, strategy, root)
+        for strategy in ("fsdp", "fsdp2"):
+            try:
+                _check(rank, strategy, os.path.join(root, strategy))
+            except Exception as e:
+                raise AssertionError(f"[strategy={strategy} rank={rank}] {type(e).__name__}: {e}") from e
     finally:
         torch.distributed.destroy_process_group()
 
@@ -148,9 +152,13 @@ def _check(rank: int, strategy: str, root: str):
         assert torch.equal(v, params2b[k]), k
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
-def test_resume_exact_hf_export_and_crash(strategy, tmp_path, tiny_model_path):
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), strategy, str(tmp_path)), nprocs=WORLD, join=True)
+def test_resume_exact_hf_export_and_crash(tmp_path, monkeypatch):
+    """FSDP1 then FSDP2 in the same two processes (spawning and importing transformers dominate on CPU)."""
+    from rlx.models import resolve_model_path
+
+    monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))  # a private built-in model, inherited by the ranks
+    resolve_model_path("builtin://tiny-qwen2")
+    torch.multiprocessing.spawn(_worker, args=(_free_port(), str(tmp_path / "ckpt")), nprocs=WORLD, join=True)
 
 
 # ---------------------------------------------------------------------------------------------- driver side

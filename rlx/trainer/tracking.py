@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-CONSOLE_KEYS = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/vf_loss",
+CONSOLE_KEYS = ("critic/score/mean", "training/rollout_probs_diff_mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/vf_loss",
                 "response_length/mean", "timing_s/gen", "timing_s/update_actor", "timing_s/step")
 
 

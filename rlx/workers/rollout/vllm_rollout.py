@@ -123,6 +123,8 @@ class VLLMRollout:
 
         self._orig_set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it process-wide
         engine_kwargs = dict(_cfg_get(rollout_cfg, "engine_kwargs", {}) or {})
+        if isinstance(engine_kwargs.get("vllm"), dict) or "vllm" in engine_kwargs:  # verl's layout: {vllm: {...}}
+            engine_kwargs = dict(engine_kwargs.get("vllm") or {})
         llm_kwargs = self._engine_args(engine_kwargs)
         t0 = time.perf_counter()
         self.llm = LLM(model=self.model_path, **llm_kwargs)
@@ -170,7 +172,8 @@ class VLLMRollout:
 
     def _prepare_distributed_env(self) -> None:
         import torch.distributed as dist
-        os.environ.setdefault("RANK", str(self.rank))
+        os.environ["RANK"] = str(self.rank)  # external_launcher reads its rank from here
+        # vLLM places the engine on cuda:LOCAL_RANK; a Ray actor usually sees only its own GPU (index 0)
         local_rank = torch.cuda.current_device() if self.device == "cuda" and torch.cuda.is_available() else 0
         os.environ.setdefault("LOCAL_RANK", str(local_rank))
         if dist.is_initialized():
