@@ -89,7 +89,7 @@ def _save_optimizer(engine, path: str) -> None:
 def _save_extra(engine, path: str, rank: int) -> None:
     extra = {"rng": _rng_state(),
              "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None}
-    _atomic_torch_save(extra, os.path.join(path, f"extra_rank{rank}.pt"))
+    _atomic_write(os.path.join(path, f"extra_rank{rank}.pt"), extra)
 
 
 def save_engine(engine, path: str, contents=CONTENTS, hf_export: bool = False, tokenizer=None) -> None:
@@ -253,19 +253,11 @@ def step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"global_step_{int(step)}")
 
 
-def _atomic_write(path: str, text: str) -> None:
+def _atomic_write(path: str, data) -> None:
+    """Write `data` (str, or any object for torch.save) to a temp file, fsync, then rename over `path`."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_torch_save(obj, path: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
+    with open(tmp, "w" if isinstance(data, str) else "wb") as f:
+        f.write(data) if isinstance(data, str) else torch.save(data, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -319,17 +311,19 @@ def find_resume_dir(trainer_cfg) -> str | None:
     raise ValueError(f"trainer.resume_mode={mode!r}: choose auto | disable | resume_path")
 
 
+_JSON_TAGS = {"__tensor__": lambda v, d: torch.tensor(v, dtype=getattr(torch, d)),
+              "__ndarray__": lambda v, d: np.asarray(v, dtype=d)}
+
+
 def _to_json(x):
-    if isinstance(x, torch.Tensor):
-        return {"__tensor__": x.tolist(), "dtype": str(x.dtype).replace("torch.", "")}
-    if isinstance(x, np.ndarray):
-        return {"__ndarray__": x.tolist(), "dtype": str(x.dtype)}
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        tag = "__tensor__" if isinstance(x, torch.Tensor) else "__ndarray__"
+        return {tag: x.tolist(), "dtype": str(x.dtype).replace("torch.", "")}
     if isinstance(x, np.generic):
         return x.item()
-    if isinstance(x, tuple):
-        return {"__tuple__": [_to_json(v) for v in x]}
-    if isinstance(x, list):
-        return [_to_json(v) for v in x]
+    if isinstance(x, (tuple, list)):
+        items = [_to_json(v) for v in x]
+        return {"__tuple__": items} if isinstance(x, tuple) else items
     if isinstance(x, dict):
         return {str(k): _to_json(v) for k, v in x.items()}
     return x
@@ -338,15 +332,14 @@ def _to_json(x):
 def _from_json(x):
     if isinstance(x, list):
         return [_from_json(v) for v in x]
-    if isinstance(x, dict):
-        if "__tensor__" in x:
-            return torch.tensor(x["__tensor__"], dtype=getattr(torch, x["dtype"]))
-        if "__ndarray__" in x:
-            return np.asarray(x["__ndarray__"], dtype=x["dtype"])
-        if "__tuple__" in x:
-            return tuple(_from_json(v) for v in x["__tuple__"])
-        return {k: _from_json(v) for k, v in x.items()}
-    return x
+    if not isinstance(x, dict):
+        return x
+    for tag, build in _JSON_TAGS.items():
+        if tag in x:
+            return build(x[tag], x["dtype"])
+    if "__tuple__" in x:
+        return tuple(_from_json(v) for v in x["__tuple__"])
+    return {k: _from_json(v) for k, v in x.items()}
 
 
 def save_driver_state(directory: str, state: dict) -> None:

@@ -1,6 +1,7 @@
 """Checkpoints: exact resume of FSDP1/FSDP2 actor engines over 2-rank gloo, HF export, crash safety, rotation."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 from types import SimpleNamespace
@@ -92,6 +93,9 @@ def _check(rank: int, strategy: str, root: str):
     full1 = _full_params(a)
     if rank == 0:
         hf_dir = os.path.join(d1, "actor", ckpt.HF_DIR)
+        with open(os.path.join(hf_dir, "config.json")) as f:  # what vLLM dispatches on (not FSDP's subclass)
+            assert json.load(f)["architectures"] == ["Qwen2ForCausalLM"]
+        assert os.path.exists(os.path.join(hf_dir, "model.safetensors"))
         hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
         hf_sd = hf.state_dict()
         assert set(hf_sd) >= set(full1), set(full1) - set(hf_sd)

@@ -25,7 +25,10 @@ import yaml
 
 from conftest import REPO
 
-RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
+RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")  # the CLI of the environment running the tests
+if not os.path.exists(RAY_CLI):
+    RAY_CLI = shutil.which("ray") or RAY_CLI
+pytestmark = pytest.mark.slow
 JOB_TIMEOUT_S = 300
 JOB_ARGS = [
     "trainer.total_training_steps=1", "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4",

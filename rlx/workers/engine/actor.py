@@ -95,4 +95,5 @@ class ActorEngine(FSDPEngine):
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
         out["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
         out.update(device_memory_metrics(self.device, "update_actor"))
+        out.update(self.offload_metrics("update_actor"))
         return out

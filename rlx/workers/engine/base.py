@@ -76,6 +76,14 @@ class FSDPEngine:
             if self.fsdp_cfg.param_offload:
                 self.offload_params()
 
+    def offload_metrics(self, phase: str) -> dict:
+        """What the activation offload moved in the last micro-batch and how big its host pool is."""
+        if self.offloader is None:
+            return {}
+        st = self.offloader.stats()
+        return {f"perf/{phase}/offloaded_activation_gb": st["offloaded_bytes_last_step"] / 2**30,
+                f"perf/{phase}/offload_pool_gb": st["pool_bytes"] / 2**30}
+
     def micro_batch_context(self):
         """Around one training micro-batch's forward+backward: activation offload if enabled."""
         return self.offloader.activate() if self.offloader is not None else contextlib.nullcontext()

@@ -54,4 +54,5 @@ class CriticEngine(FSDPEngine):
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
         out["critic/lr"] = self.lr_scheduler.get_last_lr()[0]
         out.update(device_memory_metrics(self.device, "update_critic"))
+        out.update(self.offload_metrics("update_critic"))
         return out
