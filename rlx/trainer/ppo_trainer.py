@@ -1,6 +1,7 @@
 """The PPO/GRPO driver loop: a short list of named steps, each a call into a worker group or a pure function."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -78,6 +79,7 @@ class RayPPOTrainer:
         log_dir = os.path.join(self.cfg.trainer.default_local_dir, "logs")
         self.tracker = Tracker(self.cfg, log_dir)
         history = []
+        self.resume()
         if self.cfg.trainer.val_before_train:
             self.tracker.log(self.validate(), step=self.global_step)
         bar = tqdm(total=self.total_steps, initial=self.global_step, desc="rlx", disable=not sys.stderr.isatty())
@@ -86,6 +88,11 @@ class RayPPOTrainer:
             metrics = self.train_step(self.train_loader.next_batch())
             if self._due(self.cfg.trainer.test_freq) or self.global_step == self.total_steps:
                 metrics.update(self.validate())
+            if self._due(self.cfg.trainer.save_freq) or (self.cfg.trainer.save_freq > 0
+                                                         and self.global_step == self.total_steps):
+                start = time.perf_counter()
+                self.save_checkpoint()
+                metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
             self.tracker.log(metrics, step=self.global_step)
             history.append(metrics)
             bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}", step_s=f"{metrics['timing_s/step']:.1f}")
@@ -190,5 +197,46 @@ class RayPPOTrainer:
         self.val_history.append(out)
         return out
 
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    def _ckpt_root(self) -> str:
+        return os.path.abspath(self.cfg.trainer.default_local_dir)
+
+    def save_checkpoint(self) -> None:
+        """Every part first, then the COMPLETE marker, then the latest pointer: a crash never leaves a pointer
+        to a partial checkpoint."""
+        from rlx import checkpoint as ckpt
+
+        root, t = self._ckpt_root(), self.cfg.trainer
+        d = ckpt.step_dir(root, self.global_step)
+        self.actor_wg.run_all("save_checkpoint", os.path.join(d, "actor"))
+        if self.critic_wg is not None:
+            self.critic_wg.run_all("save_checkpoint", os.path.join(d, "critic"))
+        ckpt.save_driver_state(d, {"global_step": self.global_step, "dataloader": self.train_loader.state_dict(),
+                                   "kl_ctrl_value": self.kl_ctrl.value})
+        ckpt.mark_complete(d)
+        ckpt.write_latest(root, self.global_step)
+        ckpt.rotate(root, t.max_actor_ckpt_to_keep, "actor")
+        ckpt.rotate(root, t.max_critic_ckpt_to_keep, "critic")
+        log.info("saved checkpoint %s", d)
+
+    def resume(self) -> None:
+        from rlx import checkpoint as ckpt
+
+        t = self.cfg.trainer
+        d = ckpt.find_resume_dir(dataclasses.replace(
+            t, default_local_dir=self._ckpt_root(),
+            resume_from_path=os.path.abspath(t.resume_from_path) if t.resume_from_path else None))
+        if d is None:
+            return
+        state = ckpt.load_driver_state(d)
+        self.actor_wg.run_all("load_checkpoint", os.path.join(d, "actor"))
+        if self.critic_wg is not None:
+            self.critic_wg.run_all("load_checkpoint", os.path.join(d, "critic"))
+        self.global_step = int(state["global_step"])
+        self.train_loader.load_state_dict(state["dataloader"])
+        self.kl_ctrl.value = state["kl_ctrl_value"]
+        log.info("resumed from %s at step %d", d, self.global_step)
+
     def param_checksum(self) -> float:
         return self.actor_wg.run_all("param_checksum")[0]
+

@@ -75,6 +75,18 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, batch: Batch) -> dict:
         return self.actor.update_policy(batch)
 
+    def save_checkpoint(self, path: str, hf_export: bool = True) -> None:
+        """Sharded actor checkpoint (+ an HF-format export that from_pretrained and vLLM load). The ref is not saved."""
+        from rlx.checkpoint import save_engine
+
+        save_engine(self.actor, path, contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents,
+                    hf_export=hf_export)
+
+    def load_checkpoint(self, path: str) -> None:
+        from rlx.checkpoint import load_engine
+
+        load_engine(self.actor, path, contents=self.cfg.actor_rollout_ref.actor.checkpoint.load_contents)
+
     def param_checksum(self) -> float:
         """Sum of squares of all actor weights (collective): lets tests see that training changed them."""
         from rlx.workers.rollout.weight_sync import iter_full_params

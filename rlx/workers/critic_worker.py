@@ -17,3 +17,13 @@ class CriticWorker(Worker):
 
     def update_critic(self, batch: Batch) -> dict:
         return self.critic.update_critic(batch)
+
+    def save_checkpoint(self, path: str) -> None:
+        from rlx.checkpoint import save_engine
+
+        save_engine(self.critic, path, contents=self.cfg.critic.checkpoint.save_contents)
+
+    def load_checkpoint(self, path: str) -> None:
+        from rlx.checkpoint import load_engine
+
+        load_engine(self.critic, path, contents=self.cfg.critic.checkpoint.load_contents)
