@@ -151,7 +151,8 @@ class RayPPOTrainer:
                     dict(n=r.n, do_sample=r.do_sample, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k))
         gen_in = prompts.select("input_ids", "attention_mask", "position_ids")
         gen_in.meta = dict(sampling, seed=r.seed + self.global_step)
-        out = self.actor_wg.run_dp("generate_sequences", gen_in)
+        tp = r.tensor_model_parallel_size if self.rollout_name == "vllm" else 1
+        out = self.actor_wg.run_dp("generate_sequences", gen_in, replicas=tp)
         info = Batch(non_tensors={**prompts.non_tensors,
                                   "uid": np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)})
         return out.union(info.repeat_interleave(sampling["n"]))

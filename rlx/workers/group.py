@@ -36,14 +36,21 @@ class WorkerGroup:
         """Call `method` on every rank with the same arguments; returns the per-rank results."""
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
-    def run_dp(self, method: str, batch: Batch, **kwargs) -> Batch:
-        """Split `batch` across ranks (padding with repeated rows if needed), call, concatenate."""
+    def run_dp(self, method: str, batch: Batch, replicas: int = 1, **kwargs) -> Batch:
+        """Split `batch` across ranks (padding with repeated rows if needed), call, concatenate.
+
+        `replicas` > 1 gives each run of that many consecutive ranks the same chunk (a vLLM tensor-parallel
+        group generates together) and keeps the first rank's result of each run.
+        """
+        assert self.world_size % replicas == 0, (self.world_size, replicas)
+        dp = self.world_size // replicas
         size = len(batch)
-        pad = (-size) % self.world_size
+        pad = (-size) % dp
         if pad:
             batch = Batch.concat([batch, batch.index(list(range(pad)))])
-        chunks = batch.chunk(self.world_size)
-        outs = ray.get([getattr(w, method).remote(c, **kwargs) for w, c in zip(self.workers, chunks)])
+        chunks = batch.chunk(dp)
+        refs = [getattr(w, method).remote(chunks[rank // replicas], **kwargs) for rank, w in enumerate(self.workers)]
+        outs = ray.get(refs)[::replicas]
         out = Batch.concat(outs)
         return out.slice(0, size) if pad else out
 
