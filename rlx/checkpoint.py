@@ -132,6 +132,7 @@ def save_engine(engine, path: str, contents=CONTENTS, hf_export: bool = False, t
 def load_engine(engine, path: str, contents=CONTENTS) -> None:
     """Restore what `save_engine` wrote (model, optimizer, lr scheduler, RNG). Collective: every rank."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
 
@@ -155,7 +156,11 @@ def load_engine(engine, path: str, contents=CONTENTS) -> None:
             set_model_state_dict(engine.module, sd)
         if "optimizer" in contents:
             osd = get_optimizer_state_dict(engine.module, engine.optimizer)  # initialises empty Adam state
-            dcp.load(osd, checkpoint_id=os.path.join(path, "optim"))
+            # FSDP1 can leave a rank whose flat shard holds none of a small module's parameters (e.g. the
+            # critic's score head): that rank has no state for them, which strict loading takes for a
+            # missing key. Everything the rank does hold must still be in the checkpoint.
+            dcp.load(osd, checkpoint_id=os.path.join(path, "optim"),
+                     planner=DefaultLoadPlanner(allow_partial_load=True))
             set_optimizer_state_dict(engine.module, engine.optimizer, osd)
     if "extra" in contents:
         own = os.path.join(path, f"extra_rank{rank}.pt")

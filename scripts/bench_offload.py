@@ -19,6 +19,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 SHAPES = {
@@ -117,6 +118,7 @@ def worker(a) -> dict:
                device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__, transformers=transformers.__version__)
     if off is not None:
         res["offload_stats"] = off.stats()
+        print(off.describe(), flush=True)
     print("RESULT " + json.dumps(res), flush=True)
     torch.distributed.destroy_process_group()
     return res
@@ -129,7 +131,8 @@ def _port() -> int:
 
 
 def run_one(shape, scheme, a, layers=0, sweep=False, steps=None) -> dict:
-    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}  # else: the agent's store
+    env = dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()), PYTHONUNBUFFERED="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -137,13 +140,16 @@ def run_one(shape, scheme, a, layers=0, sweep=False, steps=None) -> dict:
            "--seq", str(a.seq), "--steps", str(steps or a.steps), "--warmup", str(a.warmup),
            "--layers", str(layers)] + (["--sweep"] if sweep else []) + (["--tiny"] if a.tiny else [])
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timer = threading.Timer(a.run_timeout, p.kill)  # one hung run must not take the whole benchmark down
+    timer.start()
     res = None
     for line in p.stdout:
         if line.startswith("RESULT "):
             res = json.loads(line[len("RESULT "):])
-        else:
+        elif "UserWarning" not in line and "output = self._register" not in line:
             print(line, end="", flush=True)
     p.wait()
+    timer.cancel()
     if res is None:
         res = dict(shape=shape, scheme=scheme, layers=layers, error=f"exit {p.returncode}")
     return res
@@ -163,6 +169,7 @@ def main():
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=7, help="total steps per run (first --warmup not timed)")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--run-timeout", type=float, default=150.0, help="seconds before one run is killed")
     ap.add_argument("--json", default=os.environ.get("OUT") and os.path.join(os.environ["OUT"], "bench.json"))
     a = ap.parse_args()
     if a.worker:

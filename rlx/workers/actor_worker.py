@@ -25,6 +25,7 @@ class ActorRolloutRefWorker(Worker):
         if self.use_ref:
             self.ref = ActorEngine(role="ref", actor_cfg=arr.actor, fsdp_cfg=arr.ref.fsdp_config,
                                    strategy=arr.ref.strategy, **common)
+        self.rollout_name = rollout_name
         self.rollout = self._build_rollout(rollout_name)
 
     def _build_rollout(self, name: str):
@@ -57,7 +58,8 @@ class ActorRolloutRefWorker(Worker):
 
         with self.actor.phase():
             self.rollout.sync_weights(iter_full_params(self.actor.module))
-        prompts.meta = dict(prompts.meta, seed=int(prompts.meta.get("seed", 0)) * 1000 + self.rank)
+        if self.rollout_name == "hf":  # the vLLM rollout derives per-data-parallel-rank seeds itself (TP-aware)
+            prompts.meta = dict(prompts.meta, seed=int(prompts.meta.get("seed", 0)) * 1000 + self.rank)
         out = self.rollout.generate_sequences(prompts)
         self.rollout.release()
         return out
