@@ -147,28 +147,17 @@ def build_optimizer(module: nn.Module, optim_cfg, total_steps: int):
 
 # ---- parameter / optimizer CPU offload between phases (fsdp_config.param_offload / optimizer_offload) -----
 
-def _fsdp1_handles(module):
-    from torch.distributed.fsdp._common_utils import _get_module_fsdp_state
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    for m in module.modules():
-        if isinstance(m, FSDP):
-            state = _get_module_fsdp_state(m)
-            for h in getattr(state, "_handles", []) or ([state._handle] if getattr(state, "_handle", None) else []):
-                yield h
-
-
 def move_params(module: nn.Module, device: torch.device) -> None:
-    """Move the sharded parameters (and grads) of an FSDP1/FSDP2 module to `device`."""
+    """Move the sharded parameters of an FSDP1/FSDP2 module to `device` (between phases)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     if isinstance(module, FSDP):
-        for h in _fsdp1_handles(module):
-            fp = h.flat_param
-            if fp.data.device == device:
+        for m in FSDP.fsdp_modules(module):
+            h = m._handle
+            if h is None or h.flat_param.device == device:
                 continue
-            fp.data = fp.data.to(device, non_blocking=True)
-            fp._local_shard = fp.data
+            h.flat_param_to(device, non_blocking=True)  # also re-points the original params' views
+            h.flat_param._local_shard = h.flat_param.data
     else:
         module.to(device)
     if device.type == "cuda":
