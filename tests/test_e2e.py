@@ -1,5 +1,4 @@
 """End to end through the real entry point: config -> Ray worker groups -> FSDP engines -> 2 training steps."""
-import os
 import subprocess
 import sys
 import time

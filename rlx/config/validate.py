@@ -10,12 +10,10 @@ import json
 import os
 
 from rlx.config.schema import NOT_SUPPORTED, RLXConfig
+from rlx.trainer.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
 
 STRATEGIES = ("fsdp", "fsdp2")
 ROLLOUT_NAMES = ("auto", "vllm", "hf")
-ADV_ESTIMATORS = ("gae", "grpo", "rloo")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 TRUNCATIONS = ("error", "left", "right", "middle")
 LOGGERS = ("console", "tensorboard", "wandb")
 
@@ -141,7 +139,7 @@ def _check_algorithm(cfg, errors):
     _choice(errors, "actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
     _choice(errors, "actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES)
     _choice(errors, "algorithm.kl_penalty", alg.kl_penalty, KL_TYPES)
-    _choice(errors, "algorithm.kl_ctrl.type", alg.kl_ctrl.type, ("fixed", "adaptive"))
+    _choice(errors, "algorithm.kl_ctrl.type", alg.kl_ctrl.type, KL_CTRL_TYPES)
     if alg.adv_estimator == "gae":
         _choice(errors, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
     if actor.clip_ratio_c <= 1.0:

@@ -10,7 +10,6 @@ import uuid
 from contextlib import contextmanager
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from rlx.protocol import Batch

@@ -5,7 +5,6 @@ import contextlib
 import logging
 
 import torch
-from torch import nn
 
 from rlx.protocol import Batch
 from rlx.workers.engine import fsdp as F
