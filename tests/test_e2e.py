@@ -43,8 +43,11 @@ def assert_trained(history, before, after, critic: bool):
 
 def test_grpo_fsdp2_hf_rollout(ray_local, tmp_path):
     history, before, after = train(["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.strategy=fsdp2",
-                                    "actor_rollout_ref.rollout.name=hf"], tmp_path)
+                                    "actor_rollout_ref.rollout.name=hf",
+                                    "actor_rollout_ref.rollout.calculate_log_probs=True"], tmp_path)
     assert_trained(history, before, after, critic=False)
+    for m in history:  # the HF copy was synced from the FSDP actor before generating
+        assert m["training/rollout_probs_diff_mean"] < 1e-4, m["training/rollout_probs_diff_mean"]
 
 
 EXPECTED_TAGS = (
