@@ -18,7 +18,8 @@ from rlx.offload import ActivationOffloadConfig, apply_activation_offload, find_
 
 transformers = pytest.importorskip("transformers")
 
-CFG0 = ActivationOffloadConfig(min_tensor_bytes=0, keep_last_layers=1, pin_memory=False)
+CFG0 = ActivationOffloadConfig(min_tensor_bytes=0, keep_last_layers=1, offload_head=False, pin_memory=False)
+DEFAULTS = ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False)  # the defaults, every tensor offloaded
 
 
 def tiny_qwen2(num_layers: int = 4, seed: int = 0):
@@ -134,10 +135,20 @@ def _fsdp_worker(rank: int, world: int, port: int, strategy: str):
         off_all = train("offload", strategy, cfg=all_out)
         assert_same(ref, off_all, f"{strategy} offload keep_last_layers=0 + offload_head vs none")
         assert off_all[3][-1]["n_groups"] == 6, off_all[3][-1]
+        dflt = train("offload", strategy, cfg=DEFAULTS)  # keep_last_layers=1, offload_head=True
+        assert_same(ref, dflt, f"{strategy} offload (defaults) vs none")
+        assert dflt[3][-1]["n_groups"] == 6, dflt[3][-1]
+        rmlp = train("offload", strategy, cfg=ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False,
+                                                                     recompute_mlp=True))
+        assert_same(ref, rmlp, f"{strategy} offload recompute_mlp vs none")
+        assert 0 < rmlp[3][-1]["offloaded_bytes_last_step"] < dflt[3][-1]["offloaded_bytes_last_step"]
         hf = train("hf_ckpt", strategy)
         ock = train("offload_ckpt", strategy, cfg=all_out if strategy == "fsdp2" else CFG0)
         assert_same(hf, ock, f"{strategy} offload+ckpt vs HF non-reentrant ckpt")
         assert_same(ref, ock, f"{strategy} offload+ckpt vs none")
+        ockd = train("offload_ckpt", strategy, cfg=DEFAULTS)  # keep_last_layers=0, offload_head=True
+        assert_same(ref, ockd, f"{strategy} offload+ckpt (defaults) vs none")
+        assert ockd[3][-1]["n_groups"] == 6, ockd[3][-1]
         # with checkpointing only layer inputs are saved: far fewer bytes than offloading everything
         assert 0 < ock[3][-1]["offloaded_bytes_last_step"] < st["offloaded_bytes_last_step"] / 4
     finally:
@@ -311,3 +322,43 @@ def test_views_of_one_storage_restored_exactly(ckpt):
     assert off.stats()["offloaded_bytes_last_step"] > 0
     for (n, p), q in zip(ref.named_parameters(), m.parameters()):
         assert torch.equal(p.grad, q.grad), n
+
+
+# ---------------------------------------------------------------- bfloat16: float32 upcasts travel narrowed
+@pytest.mark.parametrize("mode", ["offload", "offload_ckpt", "offload_rmlp"])
+def test_bf16_narrowed_upcasts_bitwise(mode):
+    """RMSNorm saves `x.to(float32)` of a bfloat16 x: it travels as bfloat16 (half the bytes) and comes back
+    bit for bit; gradients equal those without offload."""
+    def model():
+        return tiny_qwen2(seed=3).to(torch.bfloat16)
+
+    ref, m = model(), model()
+    cfg = ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False, recompute_mlp=mode == "offload_rmlp")
+    off = apply_activation_offload(m, cfg, mode == "offload_ckpt")
+    for step in range(2):
+        ids = batches(step, 0)[1]
+        la, ga = _step(ref, None, ids)
+        lb, gb = _step(m, off, ids)
+        assert la == lb
+        assert _eq(ga, gb)
+    st = off.stats()
+    if mode == "offload_ckpt":  # only layer/head inputs (bfloat16): nothing to narrow
+        assert st["moved_bytes_last_step"] == st["offloaded_bytes_last_step"] > 0, st
+    else:
+        assert 0 < st["moved_bytes_last_step"] < st["offloaded_bytes_last_step"], st
+
+
+def test_narrow_detection():
+    from rlx.offload.core import _narrow_dtype
+    x = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    h = x * 2
+    up = h.to(torch.float32)
+    assert _narrow_dtype(up, up.numel() * 4) is torch.bfloat16
+    assert _narrow_dtype(x.to(torch.float32), 128) is torch.bfloat16  # from a leaf
+    assert _narrow_dtype(up[1:], up.numel() * 4) is None  # a view: not the whole storage
+    assert _narrow_dtype(up * 1, up.numel() * 4) is None  # not an upcast
+    assert _narrow_dtype(torch.randn(4, 8, requires_grad=True).double().float(), 128) is None  # from float64
+    y = h.to(torch.float32)
+    y.add_(1e-3)  # written in place after the upcast: no longer exactly bfloat16 values
+    assert _narrow_dtype(y, 128) is None
+

@@ -86,13 +86,16 @@ def _owners(module: nn.Module, layers: List[nn.Module]) -> List[List[nn.Module]]
 
 
 def _head_modules(module: nn.Module, layers: List[nn.Module]) -> List[nn.Module]:
-    """The final norm and output projection of an HF causal LM (empty if they cannot be found)."""
+    """The final norm (if found) and the output projection of an HF causal LM, the projection last; empty if
+    the output projection cannot be found."""
+    inside = {id(x) for layer in layers for x in layer.modules()}
     for m in module.modules():
         if hasattr(m, "get_output_embeddings") and hasattr(m, "base_model"):
             head = m.get_output_embeddings()
+            if not isinstance(head, nn.Module) or id(head) in inside:
+                return []
             norm = getattr(getattr(m, "base_model", None), "norm", None)
             mods = [x for x in (norm, head) if isinstance(x, nn.Module)]
-            inside = {id(x) for layer in layers for x in layer.modules()}
             return [x for x in mods if id(x) not in inside]
     return []
 
@@ -115,7 +118,7 @@ def apply_activation_offload(module: nn.Module, cfg: Optional[ActivationOffloadC
     Outside `activate()` (or without grad) the layers run unchanged.
     """
     cfg = cfg or ActivationOffloadConfig()
-    if cfg.keep_last_layers < 0 or cfg.min_tensor_bytes < 0:
+    if (cfg.keep_last_layers is not None and cfg.keep_last_layers < 0) or cfg.min_tensor_bytes < 0:
         raise ValueError("ActivationOffloadConfig: keep_last_layers and min_tensor_bytes must be >= 0")
     layers = find_decoder_layers(module)
     if len(layers) < 3:
@@ -125,6 +128,6 @@ def apply_activation_offload(module: nn.Module, cfg: Optional[ActivationOffloadC
             f"Set {_KEY}=False for this model.")
     names = _layer_class_names(module)
     cls = next((c.__name__ for c in type(layers[0]).__mro__ if c.__name__ in names), type(layers[0]).__name__)
-    head = _head_modules(module, layers) if cfg.offload_head else []
+    head = _head_modules(module, layers)  # offloaded as groups with offload_head; else only hooked
     return ActivationOffloader(layers, _owners(module, layers), cfg, bool(enable_gradient_checkpointing),
                                _device_of(module), cls, head, _owners(module, head))

@@ -12,9 +12,10 @@ class ActivationOffloadConfig:
     min_tensor_bytes: int = 1 << 20
     """Saved tensors whose storage is smaller than this stay on the device (not worth a copy)."""
 
-    keep_last_layers: int = 1
+    keep_last_layers: Optional[int] = None
     """The saved activations of this many last decoder layers stay on the device: backward needs them first,
-    so copying them out and straight back would only cost time. 0 offloads every layer (lowest peak)."""
+    so copying them out and straight back would only cost time. 0 offloads every layer (lowest peak).
+    None: 0 with checkpointing (only layer inputs are saved, tiny copies), 1 without."""
 
     pin_memory: bool = True
     """Use page-locked host memory for the pool (CUDA only; needed for asynchronous copies at full speed)."""
@@ -27,10 +28,17 @@ class ActivationOffloadConfig:
     """Upper bound on the host pool. When a copy would need more, that tensor stays on the device instead.
     None: no bound (the pool grows to one micro-batch's offloaded activations and then stops)."""
 
-    offload_head: bool = False
+    offload_head: bool = True
     """Also treat the final norm and the output projection (HF `get_output_embeddings()`) as groups, so their
     saved inputs (a few hidden-state copies) leave the device while the vocabulary-sized loss runs, where the
-    peak usually is. Costs one small copy at the start of backward that nothing hides."""
+    peak usually is. Their copies out overlap the output projection; the copy back of its input (one hidden
+    state) is the only one at the start of backward that nothing hides."""
 
-    prefetch_layers: int = 1
-    """During backward, how many groups ahead of the layer being differentiated are copied back."""
+    prefetch_layers: int = 2
+    """During backward, how many offloaded groups ahead of the layer being differentiated are copied back
+    (backward memory is usually far below the loss peak, so 2 costs no peak)."""
+
+    recompute_mlp: bool = False
+    """Without checkpointing only: recompute each decoder layer's MLP (`layer.mlp`) in backward instead of
+    offloading its intermediates; only the MLP input is offloaded. A different trade-off from plain offload
+    (about 1/3 of the bytes moved, one MLP forward recomputed per layer)."""

@@ -2,15 +2,22 @@
 
 Each decoder-layer call inside `activate()` opens a group. While the layer runs, a saved-tensors hook pair
 sends every eligible saved tensor to that group; one copy is made per *storage* and every saved view is
-restored with its exact dtype/shape/stride/offset (never de-duplicated by data pointer alone). When the
-layer's forward ends, the group is copied to host memory on a D2H stream while the next layer computes; at
-the end of the next layer the compute stream waits for that copy and the device copies are dropped, so at
-most two groups are resident. In backward, an identity function on the layer's outputs marks "layer i's
-backward starts": group i is made resident and group i-1 is prefetched on an H2D stream; an identity on the
-layer's inputs marks "layer i's backward is done" and group i's device copies are dropped. Groups are keyed
-by call order, not layer index, so a skipped (or repeated) layer is handled. Whatever the hooks see, an
-unpack always works: a group not yet resident is loaded synchronously from its host copy, which lives until
-the end of the micro-batch.
+restored with its exact dtype/shape/stride/offset (never de-duplicated by data pointer alone). The copy of a
+storage to host memory starts on a D2H stream as soon as it is packed (the stream waits for the compute
+stream at that point), so the copy engine runs while the layer itself still computes. At the end of layer
+i+1 the compute stream waits for group i's copies and the device copies are dropped, so at most two groups
+are resident; the last groups (last layer, head) are dropped right after the output projection's forward, so
+their copies overlap it. In backward, a tensor hook on the output projection's output (the first thing
+backward reaches after the loss) and on each layer's output (layer i's backward starts) make the group
+resident and prefetch the next `prefetch_layers` groups on an H2D stream, storage by storage in reverse pack
+order with an event each, so an unpack waits only for its own storage; an identity function on the layer's
+inputs marks "layer i's backward is done" and group i's device copies are dropped. Groups are keyed by call
+order, not layer index, so a skipped (or repeated) layer is handled. Whatever the hooks see, an unpack always
+works: a group not yet resident is loaded from its host copy, which lives until the end of the micro-batch.
+
+A float32 storage that autograd made by upcasting a bfloat16/float16 tensor (`x.to(torch.float32)`, as in
+RMSNorm) holds only values of the narrow type; it travels in the narrow type (half the bytes) and is widened
+back on the H2D stream: bit for bit the same float32 values.
 """
 from __future__ import annotations
 
@@ -26,24 +33,30 @@ from .pool import HostPool
 
 # group states
 _BUILDING, _COPYING, _ON_HOST, _LOADING, _LOADED, _RELEASED = range(6)
+_NARROW = (torch.bfloat16, torch.float16)
 
 
 class _Entry:
     """One storage of a group: `src` (device, until its copy is done), `host` slice, `dev` (reloaded)."""
 
-    __slots__ = ("src", "host", "dev", "nbytes", "keep")
+    __slots__ = ("src", "host", "dev", "nbytes", "keep", "narrow", "t", "ver", "ev", "waited")
 
     def __init__(self, src: torch.Tensor, nbytes: int):
         self.src: Optional[torch.Tensor] = src
         self.host: Optional[torch.Tensor] = None
         self.dev: Optional[torch.Tensor] = None
         self.nbytes = nbytes
-        self.keep = False  # the pool was full: stays on the device
+        self.keep = False  # the pool was full (or the storage changed after its copy): stays on the device
+        self.narrow = None  # float32 storage that travels as this narrower dtype (exact, see module doc)
+        self.t: Optional[torch.Tensor] = None  # first saved tensor and its version, until the layer ends
+        self.ver = 0
+        self.ev = None  # H2D event of this storage's copy back
+        self.waited = True
 
 
 class _Group:
     __slots__ = ("seq", "layer_idx", "offload", "keep_ptrs", "entries", "prev", "state",
-                 "d2h_event", "h2d_event", "waited", "valid", "n_packed")
+                 "d2h_event", "h2d_event", "valid", "n_packed")
 
     def __init__(self, seq: int, layer_idx: int, offload: bool, keep_ptrs: set, prev: Optional["_Group"]):
         self.seq = seq
@@ -55,7 +68,6 @@ class _Group:
         self.state = _BUILDING
         self.d2h_event = None
         self.h2d_event = None
-        self.waited = False
         self.valid = True
         self.n_packed = 0
 
@@ -78,6 +90,11 @@ def _u8_view(storage: torch.UntypedStorage, device: torch.device) -> torch.Tenso
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
 
 
+def _as(t_u8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A flat `dtype` view of a flat uint8 tensor (same bytes)."""
+    return t_u8.view(dtype)
+
+
 def _tensors_in(obj) -> List[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]
@@ -86,6 +103,25 @@ def _tensors_in(obj) -> List[torch.Tensor]:
     if isinstance(obj, dict):
         return [t for o in obj.values() for t in _tensors_in(o)]
     return []
+
+
+def _narrow_dtype(t: torch.Tensor, nbytes: int):
+    """The dtype a float32 storage can travel in exactly: that of the tensor it was upcast from, if it is the
+    untouched whole output of `to(float32)` from bfloat16/float16; else None."""
+    if t.dtype is not torch.float32 or t._base is not None or t.storage_offset() != 0 or t.numel() * 4 != nbytes:
+        return None
+    fn = t.grad_fn
+    if fn is None or type(fn).__name__ != "ToCopyBackward0" or t._version != 0:
+        return None
+    try:
+        src, i = fn.next_functions[0]
+        if src is None:
+            return None
+        var = getattr(src, "variable", None)  # AccumulateGrad: a leaf
+        dt = var.dtype if var is not None else src._input_metadata[i].dtype
+    except (AttributeError, IndexError, RuntimeError, TypeError):
+        return None
+    return dt if dt in _NARROW else None
 
 
 class _Boundary(torch.autograd.Function):
@@ -135,13 +171,22 @@ class ActivationOffloader:
                  head_owners: List[List[nn.Module]] = ()):
         self.cfg = cfg
         self.layers = list(layers)  # decoder layers
-        self.head = list(head)  # final norm / output projection, when cfg.offload_head
-        self.owners = list(owners) + list(head_owners)
+        head = list(head)
+        # the output projection (last of `head`): its forward ends the model's part of forward, and the gradient
+        # of its output is the first thing backward reaches after the loss
+        self._out_proj = head[-1] if head else None
+        self.head = head if cfg.offload_head else []  # final norm / output projection, offloaded as groups
+        self.owners = list(owners) + (list(head_owners) if cfg.offload_head else [])
         n = len(self.layers)
         modules = self.layers + self.head
+        keep_last = cfg.keep_last_layers
+        if keep_last is None:
+            keep_last = 0 if checkpointing else 1
+        self.keep_last_layers = keep_last
         # per patched module: offload its group? checkpoint it? (never the output projection: too costly)
-        self._offload = [i < n - max(cfg.keep_last_layers, 0) or i >= n for i in range(len(modules))]
+        self._offload = [i < n - max(keep_last, 0) or i >= n for i in range(len(modules))]
         self._ckpt = [checkpointing and (i < n or not isinstance(m, nn.Linear)) for i, m in enumerate(modules)]
+        self._n_modules = len(modules)
         self.checkpointing = checkpointing
         self.device = device
         self.layer_class = layer_class
@@ -152,15 +197,34 @@ class ActivationOffloader:
             self._h2d = torch.cuda.Stream(device=device)
         self._compute = None  # captured at activate(), outside any side-stream context
         self._active = False
+        self._in_layer = False
         self._groups: List[_Group] = []
         self._inflight: List[_Group] = []
         self._callback_queued = False
         self._offloaded_bytes = 0
-        self._last: Dict[str, int] = {"offloaded_bytes": 0, "n_groups": 0, "kept_bytes": 0}
+        self._moved_bytes = 0
+        self._last: Dict[str, int] = {"offloaded_bytes": 0, "moved_bytes": 0, "n_groups": 0, "kept_bytes": 0}
         self._kept_bytes = 0
+        self._owner_mods = []  # per patched module: the modules whose parameters/buffers it may save
+        for own in self.owners:
+            seen, mods = set(), []
+            for m in own:
+                for x in m.modules():
+                    if id(x) not in seen:
+                        seen.add(id(x))
+                        mods.append(x)
+            self._owner_mods.append(mods)
         self._originals = []
+        self._handles = []
         for i, m in enumerate(modules):
             self._patch(i, m)
+        if cfg.recompute_mlp:
+            for i, layer in enumerate(self.layers):
+                mlp = getattr(layer, "mlp", None)
+                if isinstance(mlp, nn.Module) and not self._ckpt[i]:
+                    self._patch_mlp(mlp)
+        if self._out_proj is not None and not self.head:
+            self._handles.append(self._out_proj.register_forward_hook(self._out_proj_hook))
 
     # ------------------------------------------------------------------ public API
     @contextlib.contextmanager
@@ -185,11 +249,12 @@ class ActivationOffloader:
     def describe(self) -> str:
         s = self.stats()
         return (f"activation offload: {s['n_layers']} x {self.layer_class}, checkpointing="
-                f"{'on' if self.checkpointing else 'off'}, keep_last_layers={self.cfg.keep_last_layers}, "
-                f"offload_head={self.cfg.offload_head}, min_tensor_bytes={self.cfg.min_tensor_bytes}, device={self.device}, "
-                f"{'pinned ' if self.pool.pin_memory else ''}pool={s['pool_bytes']} bytes in "
+                f"{'on' if self.checkpointing else 'off'}, keep_last_layers={self.keep_last_layers}, "
+                f"offload_head={bool(self.head)}, recompute_mlp={self.cfg.recompute_mlp and not self.checkpointing}, "
+                f"prefetch_layers={self.cfg.prefetch_layers}, min_tensor_bytes={self.cfg.min_tensor_bytes}, "
+                f"device={self.device}, {'pinned ' if self.pool.pin_memory else ''}pool={s['pool_bytes']} bytes in "
                 f"{s['pool_chunks']} chunks, last micro-batch: {s['n_groups']} groups, "
-                f"{s['offloaded_bytes_last_step']} bytes offloaded")
+                f"{s['offloaded_bytes_last_step']} bytes offloaded ({s['moved_bytes_last_step']} moved each way)")
 
     def stats(self) -> dict:
         return {
@@ -200,6 +265,7 @@ class ActivationOffloader:
             "pool_chunk_allocs": self.pool.n_chunk_allocs,
             "pool_peak_used_bytes": self.pool.peak_used,
             "offloaded_bytes_last_step": self._last["offloaded_bytes"],
+            "moved_bytes_last_step": self._last["moved_bytes"],
             "kept_bytes_last_step": self._last["kept_bytes"],
         }
 
@@ -211,6 +277,9 @@ class ActivationOffloader:
             else:
                 del layer.forward
         self._originals = []
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
     # ------------------------------------------------------------------ layer wrapper
     def _patch(self, idx: int, layer: nn.Module) -> None:
@@ -225,10 +294,25 @@ class ActivationOffloader:
 
         layer.forward = forward
 
+    def _patch_mlp(self, mlp: nn.Module) -> None:
+        had = "forward" in mlp.__dict__
+        orig = mlp.forward
+        self._originals.append((mlp, had, mlp.__dict__.get("forward")))
+
+        def forward(*args, **kwargs):
+            if not (self._active and self._in_layer and torch.is_grad_enabled()):
+                return orig(*args, **kwargs)
+            # only the MLP's input is saved (through the layer's offload hook); the rest is recomputed
+            return checkpoint(orig, *args, use_reentrant=False, **kwargs)
+
+        mlp.forward = forward
+
     def _keep_ptrs(self, idx: int, args, kwargs) -> set:
         ptrs = set()
-        for m in self.owners[idx]:
-            for t in list(m.parameters()) + list(m.buffers()):
+        for m in self._owner_mods[idx]:  # read at call time: FSDP swaps (un)sharded parameters in and out
+            for t in list(m._parameters.values()) + list(m._buffers.values()):
+                if t is None:
+                    continue
                 try:
                     ptrs.add(t.untyped_storage().data_ptr())
                 except (RuntimeError, NotImplementedError):
@@ -247,11 +331,16 @@ class ActivationOffloader:
         g = _Group(len(self._groups), idx, offload, self._keep_ptrs(idx, args, kwargs), prev)
         self._groups.append(g)
         args, _ = _mark(self, g, False, args)
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(g, t), self._unpack):
-            if self._ckpt[idx]:
-                out = checkpoint(orig, *args, use_reentrant=False, **kwargs)
-            else:
-                out = orig(*args, **kwargs)
+        was_in = self._in_layer
+        self._in_layer = not self._ckpt[idx]
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(g, t), self._unpack):
+                if self._ckpt[idx]:
+                    out = checkpoint(orig, *args, use_reentrant=False, **kwargs)
+                else:
+                    out = orig(*args, **kwargs)
+        finally:
+            self._in_layer = was_in
         # backward of this layer starts when the gradient of its output arrives: a tensor hook, so the output
         # stays the layer's own tensor (not a view: FSDP2 warns about views, in-place ops on them lose hooks)
         for t in _tensors_in(out if isinstance(out, (tuple, list)) else [out])[:8]:
@@ -259,6 +348,17 @@ class ActivationOffloader:
                 t.register_hook(lambda grad, g=g: self._on_backward_start(g))
         self._end_forward(g)
         return out
+
+    def _out_proj_hook(self, module, inputs, out):
+        """Forward hook of the output projection when it is not itself a group (offload_head=False)."""
+        if not self._active or not torch.is_grad_enabled() or not self._groups:
+            return None
+        self._flush()  # the last layers' copies overlapped the projection; now they must be done
+        g = self._groups[-1]
+        for t in _tensors_in(out)[:1]:
+            if t.requires_grad:
+                t.register_hook(lambda grad, g=g: self._on_backward_start(g))
+        return None
 
     # ------------------------------------------------------------------ hooks
     def _eligible(self, g: _Group, t: torch.Tensor) -> bool:
@@ -278,7 +378,11 @@ class ActivationOffloader:
         st = t.untyped_storage()
         key = (st.data_ptr(), st.nbytes())
         if key not in g.entries:
-            g.entries[key] = _Entry(_u8_view(st, t.device), st.nbytes())
+            e = _Entry(_u8_view(st, t.device), st.nbytes())
+            g.entries[key] = e
+            e.narrow = _narrow_dtype(t, e.nbytes)
+            e.t, e.ver = t, t._version
+            self._copy_out(e)
         g.n_packed += 1
         return _Packed(g, key, t)
 
@@ -292,60 +396,86 @@ class ActivationOffloader:
                 "and loss.backward() of a micro-batch inside one offloader.activate() and backward once "
                 "(retain_graph / a second backward is not supported with model.enable_activation_offload).")
         e = g.entries[p.key]
-        if e.dev is not None:
-            self._wait(g)
-            base = e.dev
-        elif e.src is not None:  # still being built or copied: the device copy is intact
-            base = e.src
-        else:
+        if e.dev is None and e.src is None:
             self._load(g)
-            self._wait(g)
+        if e.dev is not None:
+            if not e.waited:
+                if self.cuda and e.ev is not None:
+                    self._compute.wait_event(e.ev)
+                e.waited = True
             base = e.dev
+        else:  # still being built or copied: the device copy is intact
+            base = e.src
         return torch.empty(0, dtype=p.dtype, device=self.device).set_(
             base.untyped_storage(), p.offset, p.shape, p.stride)
 
     # ------------------------------------------------------------------ forward side
+    def _copy_out(self, e: _Entry) -> None:
+        """Start the copy of one storage to the host (at pack time, after what the compute stream has queued)."""
+        nb = e.nbytes // 2 if e.narrow is not None else e.nbytes
+        e.host = self.pool.allocate(nb)
+        if e.host is None:
+            e.keep, e.narrow = True, None
+            self._kept_bytes += e.nbytes
+            return
+        self._offloaded_bytes += e.nbytes
+        self._moved_bytes += nb
+        if self.cuda:
+            self._d2h.wait_stream(self._compute)
+            with torch.cuda.stream(self._d2h):
+                src = e.src if e.narrow is None else _as(e.src, torch.float32).to(e.narrow).view(torch.uint8)
+                e.host.copy_(src, non_blocking=True)  # a narrowed temporary lives in the D2H stream's pool
+        else:
+            e.host.copy_(e.src if e.narrow is None else _as(e.src, torch.float32).to(e.narrow).view(torch.uint8))
+
     def _end_forward(self, g: _Group) -> None:
         if g.state != _BUILDING:
             return
         if g.offload and g.entries:
-            self._copy_out(g)
-        else:
             for e in g.entries.values():
-                e.dev, e.src, e.keep = e.src, None, True
-            g.state = _LOADED
-            g.waited = True
-        # at most two groups resident: the one just finished (copying) and the next one being built
-        last = g.layer_idx == len(self._offload) - 1
-        keep = [] if last else [g]
-        for h in self._inflight:
-            if h is not g:
-                self._drop_src(h)
-        if last and g.state == _COPYING:
-            self._drop_src(g)
-        self._inflight = [h for h in keep if h.state == _COPYING]
-
-    def _copy_out(self, g: _Group) -> None:
-        for e in g.entries.values():
-            e.host = self.pool.allocate(e.nbytes)
-            if e.host is None:
-                e.keep = True
-                self._kept_bytes += e.nbytes
-            else:
-                self._offloaded_bytes += e.nbytes
-        if self.cuda:
-            with torch.cuda.stream(self._d2h):
-                self._d2h.wait_stream(self._compute)
-                for e in g.entries.values():
-                    if not e.keep:
-                        e.host.copy_(e.src, non_blocking=True)
+                if e.t is not None and e.t._version != e.ver and not e.keep:
+                    # written in place after it was packed (autograd would normally refuse this): copy again,
+                    # or keep it on the device if it was travelling narrowed
+                    if e.narrow is not None:
+                        e.keep = True
+                        self._kept_bytes += e.nbytes
+                    else:
+                        e.narrow = None
+                        if self.cuda:
+                            self._d2h.wait_stream(self._compute)
+                            with torch.cuda.stream(self._d2h):
+                                e.host.copy_(e.src, non_blocking=True)
+                        else:
+                            e.host.copy_(e.src)
+                e.t = None
+            if self.cuda:
                 g.d2h_event = torch.cuda.Event()
                 g.d2h_event.record(self._d2h)
+            g.state = _COPYING
         else:
             for e in g.entries.values():
-                if not e.keep:
-                    e.host.copy_(e.src)
-        g.state = _COPYING
+                e.dev, e.src, e.keep, e.t = e.src, None, True, None
+            g.state = _LOADED
+        # at most two groups resident: the one just finished (copying) and the next one being built. The last
+        # decoder layer and the head modules defer this to the end of the output projection's forward when one
+        # is known, so that their copies overlap it (it is not where the peak is; the loss after it may be).
+        hooked = self._out_proj is not None and not self.head  # the projection's forward hook flushes
+        last = g.layer_idx == self._n_modules - 1 and not hooked
+        tail = g.layer_idx >= len(self.layers) - 1 and self._out_proj is not None
+        if not tail:
+            for h in self._inflight:
+                if h is not g:
+                    self._drop_src(h)
+            self._inflight = []
+        if g.state == _COPYING:
+            self._inflight.append(g)
+        if last:
+            self._flush()
+
+    def _flush(self) -> None:
+        for h in self._inflight:
+            self._drop_src(h)
+        self._inflight = []
 
     def _drop_src(self, g: _Group) -> None:
         if g.state != _COPYING:
@@ -365,35 +495,46 @@ class ActivationOffloader:
                 self._compute.wait_event(g.d2h_event)  # keep ordering before the device copy is freed
             for e in g.entries.values():
                 e.dev, e.src = e.src, None
-            g.state, g.waited = _LOADED, True
+            if g in self._inflight:
+                self._inflight.remove(g)
+            g.state = _LOADED
             return
         if g.state not in (_ON_HOST, _RELEASED):
             return
-        todo = [e for e in g.entries.values() if e.dev is None]
+        todo = [e for e in reversed(list(g.entries.values())) if e.dev is None]  # backward needs the last first
         if self.cuda:
             with torch.cuda.stream(self._compute):  # allocate on the compute stream (it frees them)
                 for e in todo:
                     e.dev = torch.empty(e.nbytes, dtype=torch.uint8, device=self.device)
+            self._h2d.wait_stream(self._compute)
             with torch.cuda.stream(self._h2d):
-                self._h2d.wait_stream(self._compute)
                 for e in todo:
-                    e.dev.copy_(e.host, non_blocking=True)
-                g.h2d_event = torch.cuda.Event()
-                g.h2d_event.record(self._h2d)
-            g.waited = False
+                    if e.narrow is None:
+                        e.dev.copy_(e.host, non_blocking=True)
+                    else:  # staging buffer from the H2D stream's pool, widened there
+                        stage = torch.empty(e.host.numel(), dtype=torch.uint8, device=self.device)
+                        stage.copy_(e.host, non_blocking=True)
+                        _as(e.dev, torch.float32).copy_(_as(stage, e.narrow))
+                    e.ev = torch.cuda.Event()
+                    e.ev.record(self._h2d)
+                    e.waited = False
+                if todo:
+                    g.h2d_event = todo[-1].ev
         else:
             for e in todo:
-                e.dev = torch.empty(e.nbytes, dtype=torch.uint8).copy_(e.host)
-            g.waited = True
+                e.dev = torch.empty(e.nbytes, dtype=torch.uint8)
+                if e.narrow is None:
+                    e.dev.copy_(e.host)
+                else:
+                    _as(e.dev, torch.float32).copy_(_as(e.host, e.narrow))
         g.state = _LOADING
 
-    def _wait(self, g: _Group) -> None:
-        if not g.waited:
-            if self.cuda and g.h2d_event is not None:
-                self._compute.wait_event(g.h2d_event)
-            g.waited = True
-        if g.state == _LOADING:
-            g.state = _LOADED
+    def _prefetch(self, h: Optional[_Group], n: int) -> None:
+        while h is not None and n > 0:
+            if h.offload and h.entries:
+                self._load(h)
+                n -= 1
+            h = h.prev
 
     def _on_backward_start(self, g: _Group) -> None:
         if not g.valid:
@@ -401,21 +542,17 @@ class ActivationOffloader:
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+        self._flush()  # forward left groups in flight (no output projection seen): they must be done now
         self._load(g)
-        self._wait(g)
-        h = g.prev
-        for _ in range(max(self.cfg.prefetch_layers, 0)):
-            if h is None:
-                break
-            if h.offload:
-                self._load(h)
-            h = h.prev
+        self._prefetch(g.prev, max(self.cfg.prefetch_layers, 0))
 
     def _on_backward_end(self, g: _Group) -> None:
         if not g.valid or g.state not in (_LOADING, _LOADED):
             return
-        self._wait(g)
+        if self.cuda and g.h2d_event is not None and any(not e.waited for e in g.entries.values()):
+            self._compute.wait_event(g.h2d_event)  # a storage never unpacked: its copy must end before the free
         for e in g.entries.values():
+            e.waited = True
             if not e.keep:
                 e.dev = None
         g.state = _RELEASED
@@ -432,9 +569,9 @@ class ActivationOffloader:
             g.valid = False
             g.prev = None
             g.entries = {}
-        self._last = {"offloaded_bytes": self._offloaded_bytes, "n_groups": len(self._groups),
-                      "kept_bytes": self._kept_bytes}
+        self._last = {"offloaded_bytes": self._offloaded_bytes, "moved_bytes": self._moved_bytes,
+                      "n_groups": len(self._groups), "kept_bytes": self._kept_bytes}
         self._groups, self._inflight = [], []
-        self._offloaded_bytes = self._kept_bytes = 0
+        self._offloaded_bytes = self._moved_bytes = self._kept_bytes = 0
         self._callback_queued = False
         self.pool.reset()
