@@ -79,8 +79,11 @@ class RayPPOTrainer:
         self.tracker = Tracker(self.cfg, log_dir)
         history = []
         self.resume()
-        if self.cfg.trainer.val_before_train:
+        if self.cfg.trainer.val_before_train or self.cfg.trainer.val_only:
             self.tracker.log(self.validate(), step=self.global_step)
+        if self.cfg.trainer.val_only:
+            self.tracker.close()
+            return history
         bar = tqdm(total=self.total_steps, initial=self.global_step, desc="rlx", disable=not sys.stderr.isatty())
         while self.global_step < self.total_steps:
             self.global_step += 1
