@@ -1,4 +1,5 @@
-"""Rollouts: `hf` (HF `generate` on the actor module) and `vllm` (an in-process vLLM engine per rank).
+"""Rollouts: `hf` (an HF model copy in the worker, synced from FSDP, sampled with a KV cache) and `vllm` (an
+in-process vLLM engine per rank).
 
 `build_rollout("vllm" | "hf", **kwargs)` imports the chosen implementation lazily, so importing this package
 never pulls in vLLM.
@@ -28,7 +29,7 @@ def build_rollout(name: str, **kwargs):
 
     * ``vllm``: `VLLMRollout(model_path, rollout_cfg, *, max_prompt_length, max_response_length, rank,
       world_size, pad_token_id, eos_token_id, dtype, device)`
-    * ``hf``:   `HFRollout(module, tokenizer, ...)`
+    * ``hf``:   `HFRollout(model_path, *, max_response_length, pad_token_id, eos_token_id, device, ...)`
     """
     name = (name or "hf").lower()
     if name == "vllm":
