@@ -26,8 +26,7 @@ def ray_local():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}})
+        ray.init(num_cpus=2, include_dashboard=False)  # workers get their env from WorkerGroup
     yield ray
     ray.shutdown()
 

@@ -108,7 +108,6 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(config_dir or CONFIG_DIR).resolve()), version_base=None):
         cfg = hydra_compose(config_name=config_name, overrides=overrides)
-    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
     _check_tree(cfg)
     return cfg
 

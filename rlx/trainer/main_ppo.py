@@ -4,7 +4,6 @@ compose + strict key check -> typed config -> validate (all before Ray starts) -
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -43,20 +42,20 @@ def choose_rollout(cfg) -> str:
 
 
 def init_ray(cfg) -> None:
+    """Join the cluster named by ray_init.address / RAY_ADDRESS, else start a local Ray.
+
+    No runtime env is passed here: `WorkerGroup` gives every worker the environment it needs, so nothing can
+    clash with the runtime env of a `ray job submit`.
+    """
     import ray
 
     if ray.is_initialized():
         return
     address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
-    runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
     if address:  # join the existing cluster; never start a second, local one
-        job_config = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
-        if job_config:  # under `ray job submit`, Ray refuses a ray.init env var that the job's runtime env also sets
-            job_env = (json.loads(job_config).get("runtime_env") or {}).get("env_vars") or {}
-            runtime_env["env_vars"] = {k: v for k, v in runtime_env["env_vars"].items() if k not in job_env}
-        ray.init(address=address, runtime_env=runtime_env)
+        ray.init(address=address)
     else:
-        ray.init(num_cpus=cfg.ray_init.num_cpus, runtime_env=runtime_env, include_dashboard=False)
+        ray.init(num_cpus=cfg.ray_init.num_cpus, include_dashboard=False)
 
 
 def run(cfg):
