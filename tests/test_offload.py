@@ -182,6 +182,17 @@ def _step(model, off, ids, ckpt_ctx=True):
     return loss.item(), g
 
 
+def _assert_steps_equal(ref, m, off, pick, steps=2):
+    """Train `ref` (no offload) and `m` (offload) side by side: identical losses and gradients every step."""
+    for step in range(steps):
+        ids = batches(step, 0)[pick(step)]
+        la, ga = _step(ref, None, ids)
+        lb, gb = _step(m, off, ids)
+        assert la == lb
+        assert _eq(ga, gb)
+    return ids
+
+
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_no_grad_eval_and_forward_without_backward(ckpt):
     ref, m = tiny_qwen2(), tiny_qwen2()
@@ -201,12 +212,7 @@ def test_no_grad_eval_and_forward_without_backward(ckpt):
     with pytest.raises(RuntimeError, match="activate"):
         dangling.backward()  # after the context: a clear error, never stale host data
     m.zero_grad(set_to_none=True)
-    for step in range(2):
-        ids = batches(step, 0)[step % 2]
-        la, ga = _step(ref, None, ids)
-        lb, gb = _step(m, off, ids)
-        assert la == lb
-        assert _eq(ga, gb)
+    ids = _assert_steps_equal(ref, m, off, pick=lambda step: step % 2)
     # outside activate() the model is untouched: no hooks, no groups
     before = off.stats()["offloaded_bytes_last_step"]
     la, ga = _step(ref, None, ids)
@@ -224,12 +230,7 @@ def test_skipped_layer_is_correct(ckpt):
         model.model.layers = nn.ModuleList([layers[0], layers[2], layers[3]])
         model.model.config.num_hidden_layers = 3
         model.model._skipped = layers[1]
-    for step in range(2):
-        ids = batches(step, 0)[1]
-        la, ga = _step(ref, None, ids)
-        lb, gb = _step(m, off, ids)
-        assert la == lb
-        assert _eq(ga, gb)
+    _assert_steps_equal(ref, m, off, pick=lambda step: 1)
     assert off.stats()["n_groups"] == 3
 
 
@@ -335,12 +336,7 @@ def test_bf16_narrowed_upcasts_bitwise(mode):
     ref, m = model(), model()
     cfg = ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False, recompute_mlp=mode == "offload_rmlp")
     off = apply_activation_offload(m, cfg, mode == "offload_ckpt")
-    for step in range(2):
-        ids = batches(step, 0)[1]
-        la, ga = _step(ref, None, ids)
-        lb, gb = _step(m, off, ids)
-        assert la == lb
-        assert _eq(ga, gb)
+    _assert_steps_equal(ref, m, off, pick=lambda step: 1)
     st = off.stats()
     if mode == "offload_ckpt":  # only layer/head inputs (bfloat16): nothing to narrow
         assert st["moved_bytes_last_step"] == st["offloaded_bytes_last_step"] > 0, st
