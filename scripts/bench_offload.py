@@ -9,7 +9,7 @@ loss after each step, then the peak GiB (torch.cuda.max_memory_allocated over th
 time (median of the timed steps), the GPU time of forward / backward / optimizer (CUDA events) and the host
 time to return from forward, and a table last. `--profile` adds a cProfile of one more step's host time.
 Schemes can be limited to one shape ("1.5b:rlx_offload_ckpt"); rlx_offload* names are parsed by
-`offload_config` (e.g. rlx_offload_ckpt_k1_nohead, rlx_offload_rmlp). The layer sweep (rlx_offload at 7B dims) prints the
+`offload_config` (e.g. rlx_offload_ckpt_k1_nohead, rlx_offload_norb). The layer sweep (rlx_offload at 7B dims) prints the
 device memory held at the end of forward above the static part (params+optimizer), which does not grow with
 the number of layers when offload works.
 """
@@ -31,10 +31,11 @@ SHAPES = {
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_attention_heads=12, num_key_value_heads=2,
                  vocab_size=151936, num_hidden_layers=28, tie_word_embeddings=True),
 }
-SCHEMES = ["none", "hf_ckpt", "save_on_cpu", "rlx_offload", "rlx_offload_ckpt", "rlx_offload_rmlp"]
+SCHEMES = ["none", "hf_ckpt", "save_on_cpu", "rlx_offload", "rlx_offload_norb", "rlx_offload_ckpt", "rlx_offload_rmlp"]
 # rlx_offload[_ckpt][_k<N>][_nohead][_p<N>][_rmlp]: the defaults of ActivationOffloadConfig, then
 #   _ckpt: enable_gradient_checkpointing; _k<N>: keep_last_layers=N; _nohead: offload_head=False;
-#   _p<N>: prefetch_layers=N; _rmlp: recompute_mlp=True (a different trade-off: the MLP is recomputed).
+#   _p<N>: prefetch_layers=N; _rmlp: recompute_mlp=True (a different trade-off: the MLP is recomputed);
+#   _norb: rebuild_pointwise=False (silu/mul outputs copied like everything else).
 #   rlx_offload_ckpt_head (older name) = rlx_offload_ckpt_k0.
 
 
@@ -51,6 +52,8 @@ def offload_config(scheme: str):
             kw["offload_head"] = False
         elif p == "rmlp":
             kw["recompute_mlp"] = True
+        elif p == "norb":
+            kw["rebuild_pointwise"] = False
         elif p[:1] == "k" and p[1:].isdigit():
             kw["keep_last_layers"] = int(p[1:])
         elif p[:1] == "p" and p[1:].isdigit():
@@ -266,7 +269,7 @@ def print_table(results, sweep, seq=8192):
     print("(dloss: against `none`, or against hf_ckpt (marked *) when `none` was not run; fwd/bwd/opt: GPU time "
           "of each phase, host fwd: host time to return from forward, medians)")
     print(f"{'shape':>10} {'scheme':>24} {'peak GiB':>9} {'step s':>7} {'x hf_ckpt':>9} {'max |dloss|':>12} "
-          f"{'fwd':>6} {'bwd':>6} {'opt':>6} {'host fwd':>8} {'GB moved':>8}")
+          f"{'fwd':>6} {'bwd':>6} {'opt':>6} {'host fwd':>8} {'GB moved':>8} {'GB rebuilt':>10}")
     for r in results:
         name = f"{r['shape']}x{r.get('layers', '?')}"
         if "error" in r:
@@ -280,8 +283,9 @@ def print_table(results, sweep, seq=8192):
         rel = r["step_s"] / c["step_s"] if c else float("nan")
         ph = r.get("phases_s") or [float("nan")] * 4
         moved = (r.get("offload_stats") or {}).get("moved_bytes_last_step", 0) / 1e9
+        rebuilt = (r.get("offload_stats") or {}).get("rebuilt_bytes_last_step", 0) / 1e9
         print(f"{name:>10} {r['scheme']:>24} {r['peak_gib']:9.2f} {r['step_s']:7.3f} {rel:9.3f} {dl:11.2e}{mark} "
-              f"{ph[0]:6.3f} {ph[1]:6.3f} {ph[2]:6.3f} {ph[3]:8.3f} {moved:8.2f}")
+              f"{ph[0]:6.3f} {ph[1]:6.3f} {ph[2]:6.3f} {ph[3]:8.3f} {moved:8.2f} {rebuilt:10.2f}")
     if sweep:
         print("\nlayer sweep at 7B dims (memory held at the end of forward above params+optimizer, and peak):")
         print(f"{'layers':>7} {'scheme':>12} {'fwd-held GiB':>13} {'peak GiB':>9} {'static GiB':>10} {'step s':>7}")

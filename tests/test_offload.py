@@ -138,6 +138,13 @@ def _fsdp_worker(rank: int, world: int, port: int, strategy: str):
         dflt = train("offload", strategy, cfg=DEFAULTS)  # keep_last_layers=1, offload_head=True
         assert_same(ref, dflt, f"{strategy} offload (defaults) vs none")
         assert dflt[3][-1]["n_groups"] == 6, dflt[3][-1]
+        assert dflt[3][-1]["rebuilt_bytes_last_step"] > 0, dflt[3][-1]  # SwiGLU's silu/mul outputs
+        norb = train("offload", strategy, cfg=ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False,
+                                                                     rebuild_pointwise=False))
+        assert_same(ref, norb, f"{strategy} offload rebuild_pointwise=False vs none")
+        assert norb[3][-1]["rebuilt_bytes_last_step"] == 0
+        assert dflt[3][-1]["moved_bytes_last_step"] + dflt[3][-1]["rebuilt_bytes_last_step"] == \
+            norb[3][-1]["moved_bytes_last_step"]
         rmlp = train("offload", strategy, cfg=ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False,
                                                                      recompute_mlp=True))
         assert_same(ref, rmlp, f"{strategy} offload recompute_mlp vs none")
@@ -358,3 +365,46 @@ def test_narrow_detection():
     y.add_(1e-3)  # written in place after the upcast: no longer exactly bfloat16 values
     assert _narrow_dtype(y, 128) is None
 
+
+
+# ---------------------------------------------------------------- elementwise outputs rebuilt, not copied
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("max_pool", [None, 40_000])
+def test_rebuild_pointwise_bitwise(dtype, max_pool):
+    """SwiGLU's silu(gate) and silu(gate)*up are rebuilt from gate and up on the way back: bit-identical
+    gradients, fewer bytes moved. With a tiny pool some sources stay on the device (kept) and the rebuild
+    reads them there."""
+    ref, m = tiny_qwen2(seed=5).to(dtype), tiny_qwen2(seed=5).to(dtype)
+    cfg = ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False, max_pool_bytes=max_pool,
+                                  pool_chunk_bytes=1 << 20)
+    off = apply_activation_offload(m, cfg, False)
+    _assert_steps_equal(ref, m, off, pick=lambda step: step % 2, steps=3)
+    st = off.stats()
+    assert st["rebuilt_bytes_last_step"] > 0, st
+    if max_pool is not None:
+        assert st["kept_bytes_last_step"] > 0, st
+
+
+def test_recipe_detection():
+    from rlx.offload.core import _Entry, _recipe
+
+    def entries_of(*ts):
+        return {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()):
+                _Entry(t, t.untyped_storage().nbytes()) for t in ts}
+
+    w = torch.randn(8, 8, requires_grad=True)
+    gate, up = torch.randn(4, 8) @ w, torch.randn(4, 8) @ w
+    nb = 4 * 8 * 4
+    act = F.silu(gate)
+    assert _recipe(entries_of(gate), act, nb)[0] == "silu"
+    assert _recipe(entries_of(), act, nb) is None  # the input is not offloaded in this group
+    prod = act * up
+    assert _recipe(entries_of(act, up), prod, nb)[0] == "mul"
+    assert _recipe(entries_of(act, up), prod.view(32), nb)[0] == "mul"  # a view of the whole output
+    assert _recipe(entries_of(act), prod, nb) is None  # one input missing
+    assert _recipe(entries_of(gate), act * w[0], nb) is None  # broadcast with a parameter
+    assert _recipe(entries_of(gate), F.silu(gate[:, 2:6]), nb // 2)[2:] == (torch.float32, (4, 4))  # exact view
+    assert _recipe(entries_of(gate), gate.exp(), nb) is None  # not a rebuildable op
+    y = F.silu(gate)
+    y.mul_(2)  # changed in place after it was computed
+    assert _recipe(entries_of(gate), y, nb) is None

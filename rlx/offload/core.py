@@ -17,7 +17,10 @@ works: a group not yet resident is loaded from its host copy, which lives until 
 
 A float32 storage that autograd made by upcasting a bfloat16/float16 tensor (`x.to(torch.float32)`, as in
 RMSNorm) holds only values of the narrow type; it travels in the narrow type (half the bytes) and is widened
-back on the H2D stream: bit for bit the same float32 values.
+back on the H2D stream: bit for bit the same float32 values. A storage that is the whole output of an
+elementwise `silu` or `mul` whose inputs are storages of the same group (a gated MLP's activation and product)
+is not copied at all (`rebuild_pointwise`): when the group comes back, it is recomputed from those inputs by
+the same kernel on the H2D stream, so it is bit for bit what forward produced.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ _NARROW = (torch.bfloat16, torch.float16)
 class _Entry:
     """One storage of a group: `src` (device, until its copy is done), `host` slice, `dev` (reloaded)."""
 
-    __slots__ = ("src", "host", "dev", "nbytes", "keep", "narrow", "t", "ver", "ev", "waited")
+    __slots__ = ("src", "host", "dev", "nbytes", "keep", "narrow", "t", "ver", "ev", "waited", "recipe")
 
     def __init__(self, src: torch.Tensor, nbytes: int):
         self.src: Optional[torch.Tensor] = src
@@ -52,6 +55,7 @@ class _Entry:
         self.ver = 0
         self.ev = None  # H2D event of this storage's copy back
         self.waited = True
+        self.recipe = None  # (op, [(source entry, dtype, shape, stride, offset)], dtype, shape): rebuilt, not copied
 
 
 class _Group:
@@ -103,6 +107,37 @@ def _tensors_in(obj) -> List[torch.Tensor]:
     if isinstance(obj, dict):
         return [t for o in obj.values() for t in _tensors_in(o)]
     return []
+
+
+_POINTWISE = {"SiluBackward0": ("silu", ("_saved_self",)), "MulBackward0": ("mul", ("_saved_self", "_saved_other"))}
+
+
+def _recipe(entries: Dict[Tuple[int, int], "_Entry"], t: torch.Tensor, nbytes: int):
+    """How to rebuild the storage of `t` from storages already in `entries`, if `t` (or the tensor it is a view
+    of) is the untouched, dense, whole output of an elementwise silu/mul of same-shape, same-dtype tensors held
+    there; else None."""
+    if t._base is not None:  # e.g. a Linear saves a 2-D view of its 3-D input
+        t = t._base
+    fn = t.grad_fn
+    spec = _POINTWISE.get(type(fn).__name__) if fn is not None else None
+    if spec is None or t._base is not None or t.storage_offset() != 0 or t._version != 0:
+        return None
+    if not t.is_contiguous() or t.numel() * t.element_size() != nbytes:
+        return None
+    srcs = []
+    for name in spec[1]:
+        try:
+            x = getattr(fn, name)  # goes through the unpack hook: a view of the packed storage
+        except (AttributeError, RuntimeError):
+            return None
+        if not isinstance(x, torch.Tensor) or x.dtype != t.dtype or x.shape != t.shape or x.device != t.device:
+            return None
+        st = x.untyped_storage()
+        e = entries.get((st.data_ptr(), st.nbytes()))
+        if e is None:
+            return None
+        srcs.append((e, x.dtype, x.shape, x.stride(), x.storage_offset()))
+    return spec[0], srcs, t.dtype, t.shape
 
 
 def _narrow_dtype(t: torch.Tensor, nbytes: int):
@@ -203,8 +238,10 @@ class ActivationOffloader:
         self._callback_queued = False
         self._offloaded_bytes = 0
         self._moved_bytes = 0
-        self._last: Dict[str, int] = {"offloaded_bytes": 0, "moved_bytes": 0, "n_groups": 0, "kept_bytes": 0}
+        self._last: Dict[str, int] = {"offloaded_bytes": 0, "moved_bytes": 0, "n_groups": 0, "kept_bytes": 0,
+                                      "rebuilt_bytes": 0}
         self._kept_bytes = 0
+        self._rebuilt_bytes = 0
         self._owner_mods = []  # per patched module: the modules whose parameters/buffers it may save
         for own in self.owners:
             seen, mods = set(), []
@@ -251,10 +288,11 @@ class ActivationOffloader:
         return (f"activation offload: {s['n_layers']} x {self.layer_class}, checkpointing="
                 f"{'on' if self.checkpointing else 'off'}, keep_last_layers={self.keep_last_layers}, "
                 f"offload_head={bool(self.head)}, recompute_mlp={self.cfg.recompute_mlp and not self.checkpointing}, "
-                f"prefetch_layers={self.cfg.prefetch_layers}, min_tensor_bytes={self.cfg.min_tensor_bytes}, "
+                f"prefetch_layers={self.cfg.prefetch_layers}, rebuild_pointwise={self.cfg.rebuild_pointwise}, min_tensor_bytes={self.cfg.min_tensor_bytes}, "
                 f"device={self.device}, {'pinned ' if self.pool.pin_memory else ''}pool={s['pool_bytes']} bytes in "
                 f"{s['pool_chunks']} chunks, last micro-batch: {s['n_groups']} groups, "
-                f"{s['offloaded_bytes_last_step']} bytes offloaded ({s['moved_bytes_last_step']} moved each way)")
+                f"{s['offloaded_bytes_last_step']} bytes offloaded ({s['moved_bytes_last_step']} moved each way, "
+                f"{s['rebuilt_bytes_last_step']} rebuilt elementwise)")
 
     def stats(self) -> dict:
         return {
@@ -267,6 +305,7 @@ class ActivationOffloader:
             "offloaded_bytes_last_step": self._last["offloaded_bytes"],
             "moved_bytes_last_step": self._last["moved_bytes"],
             "kept_bytes_last_step": self._last["kept_bytes"],
+            "rebuilt_bytes_last_step": self._last["rebuilt_bytes"],
         }
 
     def remove(self) -> None:
@@ -379,10 +418,15 @@ class ActivationOffloader:
         key = (st.data_ptr(), st.nbytes())
         if key not in g.entries:
             e = _Entry(_u8_view(st, t.device), st.nbytes())
+            e.recipe = _recipe(g.entries, t, e.nbytes) if self.cfg.rebuild_pointwise else None
             g.entries[key] = e
-            e.narrow = _narrow_dtype(t, e.nbytes)
             e.t, e.ver = t, t._version
-            self._copy_out(e)
+            if e.recipe is None:
+                e.narrow = _narrow_dtype(t, e.nbytes)
+                self._copy_out(e)
+            else:
+                self._offloaded_bytes += e.nbytes
+                self._rebuilt_bytes += e.nbytes
         g.n_packed += 1
         return _Packed(g, key, t)
 
@@ -432,8 +476,16 @@ class ActivationOffloader:
         if g.state != _BUILDING:
             return
         if g.offload and g.entries:
+            changed = {id(e) for e in g.entries.values() if e.t is not None and e.t._version != e.ver}
             for e in g.entries.values():
-                if e.t is not None and e.t._version != e.ver and not e.keep:
+                if e.recipe is not None and not e.keep and (id(e) in changed or any(
+                        id(s[0]) in changed for s in e.recipe[1])):
+                    e.keep, e.recipe = True, None  # its inputs (or itself) changed after forward: keep it
+                    self._kept_bytes += e.nbytes
+                    self._rebuilt_bytes -= e.nbytes
+                    self._offloaded_bytes -= e.nbytes
+            for e in g.entries.values():
+                if id(e) in changed and not e.keep:
                     # written in place after it was packed (autograd would normally refuse this): copy again,
                     # or keep it on the device if it was travelling narrowed
                     if e.narrow is not None:
@@ -502,6 +554,7 @@ class ActivationOffloader:
         if g.state not in (_ON_HOST, _RELEASED):
             return
         todo = [e for e in reversed(list(g.entries.values())) if e.dev is None]  # backward needs the last first
+        done = {id(e) for e in g.entries.values() if e.dev is not None}  # kept on the device: nothing to do
         if self.cuda:
             with torch.cuda.stream(self._compute):  # allocate on the compute stream (it frees them)
                 for e in todo:
@@ -509,25 +562,46 @@ class ActivationOffloader:
             self._h2d.wait_stream(self._compute)
             with torch.cuda.stream(self._h2d):
                 for e in todo:
-                    if e.narrow is None:
-                        e.dev.copy_(e.host, non_blocking=True)
-                    else:  # staging buffer from the H2D stream's pool, widened there
-                        stage = torch.empty(e.host.numel(), dtype=torch.uint8, device=self.device)
-                        stage.copy_(e.host, non_blocking=True)
-                        _as(e.dev, torch.float32).copy_(_as(stage, e.narrow))
-                    e.ev = torch.cuda.Event()
-                    e.ev.record(self._h2d)
-                    e.waited = False
+                    self._bring_back(e, done)
                 if todo:
-                    g.h2d_event = todo[-1].ev
+                    g.h2d_event = torch.cuda.Event()
+                    g.h2d_event.record(self._h2d)
         else:
             for e in todo:
                 e.dev = torch.empty(e.nbytes, dtype=torch.uint8)
-                if e.narrow is None:
-                    e.dev.copy_(e.host)
-                else:
-                    _as(e.dev, torch.float32).copy_(_as(e.host, e.narrow))
+            for e in todo:
+                self._bring_back(e, done)
         g.state = _LOADING
+
+    def _bring_back(self, e: _Entry, done: set) -> None:
+        """Fill `e.dev` (allocated) from its host copy, or rebuild it from its sources (brought back first).
+        On CUDA this runs on the H2D stream and records the event that an unpack of `e` waits for."""
+        if id(e) in done:
+            return
+        done.add(id(e))
+        if e.recipe is not None:
+            op, srcs, dtype, shape = e.recipe
+            args = []
+            for s, dt, shp, strd, off in srcs:
+                self._bring_back(s, done)
+                args.append(torch.empty(0, dtype=dt, device=self.device).set_(s.dev.untyped_storage(), off, shp, strd))
+            out = torch.empty(0, dtype=dtype, device=self.device).set_(e.dev.untyped_storage(), 0, shape)
+            if op == "silu":
+                torch.ops.aten.silu.out(args[0], out=out)
+            else:
+                torch.mul(args[0], args[1], out=out)
+        elif e.narrow is None:
+            e.dev.copy_(e.host, non_blocking=self.cuda)
+        elif self.cuda:  # staging buffer from the H2D stream's pool, widened there
+            stage = torch.empty(e.host.numel(), dtype=torch.uint8, device=self.device)
+            stage.copy_(e.host, non_blocking=True)
+            _as(e.dev, torch.float32).copy_(_as(stage, e.narrow))
+        else:
+            _as(e.dev, torch.float32).copy_(_as(e.host, e.narrow))
+        if self.cuda:
+            e.ev = torch.cuda.Event()
+            e.ev.record(self._h2d)
+            e.waited = False
 
     def _prefetch(self, h: Optional[_Group], n: int) -> None:
         while h is not None and n > 0:
@@ -570,8 +644,9 @@ class ActivationOffloader:
             g.prev = None
             g.entries = {}
         self._last = {"offloaded_bytes": self._offloaded_bytes, "moved_bytes": self._moved_bytes,
-                      "n_groups": len(self._groups), "kept_bytes": self._kept_bytes}
+                      "n_groups": len(self._groups), "kept_bytes": self._kept_bytes,
+                      "rebuilt_bytes": self._rebuilt_bytes}
         self._groups, self._inflight = [], []
-        self._offloaded_bytes = self._moved_bytes = self._kept_bytes = 0
+        self._offloaded_bytes = self._moved_bytes = self._kept_bytes = self._rebuilt_bytes = 0
         self._callback_queued = False
         self.pool.reset()
