@@ -388,9 +388,9 @@ def test_rebuild_pointwise_bitwise(dtype, max_pool):
 def test_recipe_detection():
     from rlx.offload.core import _Entry, _recipe
 
-    def entries_of(*ts):
-        return {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()):
-                _Entry(t, t.untyped_storage().nbytes()) for t in ts}
+    def entries_of(*ts):  # as the pack hook records them: by the autograd output that produced each tensor
+        return {(id(t.grad_fn), t.output_nr): (t.grad_fn, _Entry(t, t.untyped_storage().nbytes()), t.dtype,
+                                               t.shape, t.stride(), t.storage_offset()) for t in ts}
 
     w = torch.randn(8, 8, requires_grad=True)
     gate, up = torch.randn(4, 8) @ w, torch.randn(4, 8) @ w
@@ -403,8 +403,28 @@ def test_recipe_detection():
     assert _recipe(entries_of(act, up), prod.view(32), nb)[0] == "mul"  # a view of the whole output
     assert _recipe(entries_of(act), prod, nb) is None  # one input missing
     assert _recipe(entries_of(gate), act * w[0], nb) is None  # broadcast with a parameter
-    assert _recipe(entries_of(gate), F.silu(gate[:, 2:6]), nb // 2)[2:] == (torch.float32, (4, 4))  # exact view
+    view = gate[:, 2:6]
+    assert _recipe(entries_of(view), F.silu(view), nb // 2)[2:] == (torch.float32, (4, 4))  # a strided view
+    assert _recipe(entries_of(gate), F.silu(view), nb // 2) is None  # consumed a view that was not packed
     assert _recipe(entries_of(gate), gate.exp(), nb) is None  # not a rebuildable op
     y = F.silu(gate)
     y.mul_(2)  # changed in place after it was computed
     assert _recipe(entries_of(gate), y, nb) is None
+
+
+def test_rebuild_never_reads_saved_tensors_of_other_hooks():
+    """Finding a recipe must not unpack tensors saved under another hook (e.g. a checkpointed final norm):
+    with checkpointing, nothing is rebuilt and no recompute runs during forward."""
+    m = tiny_qwen2(seed=2)
+    calls = []
+    norm = m.model.norm
+    orig = norm.forward
+    norm.forward = lambda *a, **k: (calls.append(torch.is_grad_enabled()), orig(*a, **k))[1]
+    off = apply_activation_offload(m, DEFAULTS, True)  # checkpoints the patched forward
+    ids = batches(0, 0)[1]
+    with off.activate():
+        loss = m(input_ids=ids, labels=ids).loss
+        n_fwd = len(calls)
+        loss.backward()
+    assert n_fwd == 1 and len(calls) == 2, calls  # one forward, one recompute in backward
+    assert off.stats()["rebuilt_bytes_last_step"] == 0

@@ -60,7 +60,7 @@ class _Entry:
 
 class _Group:
     __slots__ = ("seq", "layer_idx", "offload", "keep_ptrs", "entries", "prev", "state",
-                 "d2h_event", "h2d_event", "valid", "n_packed")
+                 "d2h_event", "h2d_event", "valid", "n_packed", "produced")
 
     def __init__(self, seq: int, layer_idx: int, offload: bool, keep_ptrs: set, prev: Optional["_Group"]):
         self.seq = seq
@@ -74,6 +74,7 @@ class _Group:
         self.h2d_event = None
         self.valid = True
         self.n_packed = 0
+        self.produced: Dict[Tuple[int, int], tuple] = {}  # while building: see _recipe
 
 
 class _Packed:
@@ -109,34 +110,32 @@ def _tensors_in(obj) -> List[torch.Tensor]:
     return []
 
 
-_POINTWISE = {"SiluBackward0": ("silu", ("_saved_self",)), "MulBackward0": ("mul", ("_saved_self", "_saved_other"))}
+_POINTWISE = {"SiluBackward0": ("silu", 1), "MulBackward0": ("mul", 2)}  # grad_fn name: (op, inputs)
 
 
-def _recipe(entries: Dict[Tuple[int, int], "_Entry"], t: torch.Tensor, nbytes: int):
-    """How to rebuild the storage of `t` from storages already in `entries`, if `t` (or the tensor it is a view
-    of) is the untouched, dense, whole output of an elementwise silu/mul of same-shape, same-dtype tensors held
-    there; else None."""
+def _recipe(produced: Dict[Tuple[int, int], tuple], t: torch.Tensor, nbytes: int):
+    """How to rebuild the storage of `t` from tensors already packed in its group, if `t` (or the tensor it is
+    a view of) is the untouched, dense, whole output of an elementwise silu/mul whose inputs are same-shape,
+    same-dtype tensors packed there; else None. `produced` maps (id(grad_fn), output_nr) of each packed tensor
+    to (grad_fn, entry, dtype, shape, stride, offset): the op's inputs are found through `next_functions`, never
+    by reading the node's saved tensors (that would run whatever unpack hook saved them, e.g. a recompute)."""
     if t._base is not None:  # e.g. a Linear saves a 2-D view of its 3-D input
         t = t._base
     fn = t.grad_fn
     spec = _POINTWISE.get(type(fn).__name__) if fn is not None else None
-    if spec is None or t._base is not None or t.storage_offset() != 0 or t._version != 0:
+    if spec is None or t.storage_offset() != 0 or t._version != 0:
         return None
     if not t.is_contiguous() or t.numel() * t.element_size() != nbytes:
         return None
+    nexts = fn.next_functions
+    if len(nexts) != spec[1]:
+        return None
     srcs = []
-    for name in spec[1]:
-        try:
-            x = getattr(fn, name)  # goes through the unpack hook: a view of the packed storage
-        except (AttributeError, RuntimeError):
+    for node, nr in nexts:
+        src = produced.get((id(node), nr)) if node is not None else None
+        if src is None or src[2] != t.dtype or src[3] != t.shape:
             return None
-        if not isinstance(x, torch.Tensor) or x.dtype != t.dtype or x.shape != t.shape or x.device != t.device:
-            return None
-        st = x.untyped_storage()
-        e = entries.get((st.data_ptr(), st.nbytes()))
-        if e is None:
-            return None
-        srcs.append((e, x.dtype, x.shape, x.stride(), x.storage_offset()))
+        srcs.append(src[1:])
     return spec[0], srcs, t.dtype, t.shape
 
 
@@ -418,7 +417,7 @@ class ActivationOffloader:
         key = (st.data_ptr(), st.nbytes())
         if key not in g.entries:
             e = _Entry(_u8_view(st, t.device), st.nbytes())
-            e.recipe = _recipe(g.entries, t, e.nbytes) if self.cfg.rebuild_pointwise else None
+            e.recipe = _recipe(g.produced, t, e.nbytes) if self.cfg.rebuild_pointwise else None
             g.entries[key] = e
             e.t, e.ver = t, t._version
             if e.recipe is None:
@@ -428,6 +427,9 @@ class ActivationOffloader:
                 self._offloaded_bytes += e.nbytes
                 self._rebuilt_bytes += e.nbytes
         g.n_packed += 1
+        if t.grad_fn is not None and self.cfg.rebuild_pointwise:
+            g.produced[(id(t.grad_fn), t.output_nr)] = (t.grad_fn, g.entries[key], t.dtype, t.shape, t.stride(),
+                                                         t.storage_offset())
         return _Packed(g, key, t)
 
     def _unpack(self, p):
@@ -500,6 +502,7 @@ class ActivationOffloader:
                         else:
                             e.host.copy_(e.src)
                 e.t = None
+            g.produced = {}
             if self.cuda:
                 g.d2h_event = torch.cuda.Event()
                 g.d2h_event.record(self._d2h)
