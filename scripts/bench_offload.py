@@ -8,7 +8,8 @@ runs in its own process, so one scheme's memory or pinned pool cannot affect the
 loss after each step, then the peak GiB (torch.cuda.max_memory_allocated over the timed steps), the step
 time (median of the timed steps), the GPU time of forward / backward / optimizer (CUDA events) and the host
 time to return from forward, and a table last. `--profile` adds a cProfile of one more step's host time.
-Schemes can be limited to one shape ("1.5b:rlx_offload_ckpt"); rlx_offload* names are parsed by
+Schemes can be limited to one shape ("1.5b:rlx_offload_ckpt"); "none#2" runs `none` again (the loss difference
+between two runs of one scheme is the noise floor of the dloss column; `--deterministic` removes it); rlx_offload* names are parsed by
 `offload_config` (e.g. rlx_offload_ckpt_k1_nohead, rlx_offload_norb). The layer sweep (rlx_offload at 7B dims) prints the
 device memory held at the end of forward above the static part (params+optimizer), which does not grow with
 the number of layers when offload works.
@@ -95,16 +96,20 @@ def worker(a) -> dict:
     model = model.to(torch.bfloat16)
     model.config._attn_implementation = "sdpa"
     model.train()
-    if a.scheme == "hf_ckpt":
+    kind = a.scheme.split("#")[0]  # "none#2": a second run of `none` (run-to-run noise of the losses)
+    if a.deterministic:  # deterministic kernels (cuBLAS workspace set by the launcher): losses reproducible
+        torch.use_deterministic_algorithms(True)  # strict: SDPA picks its deterministic backward
+        torch.utils.deterministic.fill_uninitialized_memory = False
+    if kind == "hf_ckpt":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mesh = init_device_mesh(dev.type, (torch.distributed.get_world_size(),))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     off = None
-    if a.scheme.startswith("rlx_offload"):
+    if kind.startswith("rlx_offload"):
         from rlx.offload import ActivationOffloadConfig, apply_activation_offload
-        kw, ckpt = offload_config(a.scheme)
+        kw, ckpt = offload_config(kind)
         off = apply_activation_offload(model, ActivationOffloadConfig(**kw), enable_gradient_checkpointing=ckpt)
         print(off.describe(), flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -123,7 +128,7 @@ def worker(a) -> dict:
         marks = [ev() for _ in range(4)] if cuda else None
         if cuda:
             marks[0].record()
-        if a.scheme == "save_on_cpu":
+        if kind == "save_on_cpu":
             ctx = torch.autograd.graph.save_on_cpu(pin_memory=cuda)
         elif off is not None:
             ctx = off.activate()
@@ -193,12 +198,14 @@ def run_one(shape, scheme, a, layers=0, sweep=False, steps=None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}  # else: the agent's store
     env = dict(env, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()), PYTHONUNBUFFERED="1")
+    if a.deterministic:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--shape", shape, "--scheme", scheme,
            "--seq", str(a.seq), "--steps", str(steps or a.steps), "--warmup", str(a.warmup),
            "--layers", str(layers)] + (["--sweep"] if sweep else []) + (["--tiny"] if a.tiny else []) + \
-        (["--profile"] if a.profile else [])
+        (["--profile"] if a.profile else []) + (["--deterministic"] if a.deterministic else [])
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     timer = threading.Timer(a.run_timeout, p.kill)  # one hung run must not take the whole benchmark down
     timer.start()
@@ -223,6 +230,8 @@ def main():
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--profile", action="store_true", help="cProfile one extra step's host time per run")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch.use_deterministic_algorithms for every run (losses comparable exactly across runs)")
     ap.add_argument("--tiny", action="store_true", help="tiny dims: smoke-test the script (also on CPU)")
     ap.add_argument("--shapes", default="7b,1.5b")
     ap.add_argument("--schemes", default=",".join(SCHEMES))
