@@ -352,7 +352,7 @@ def test_bf16_narrowed_upcasts_bitwise(mode):
 
 
 def test_narrow_detection():
-    from rlx.offload.core import _narrow_dtype
+    from rlx.offload.exact import narrow_dtype as _narrow_dtype
     x = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
     h = x * 2
     up = h.to(torch.float32)
@@ -386,7 +386,8 @@ def test_rebuild_pointwise_bitwise(dtype, max_pool):
 
 
 def test_recipe_detection():
-    from rlx.offload.core import _Entry, _recipe
+    from rlx.offload.core import _Entry
+    from rlx.offload.exact import recipe as _recipe
 
     def entries_of(*ts):  # as the pack hook records them: by the autograd output that produced each tensor
         return {(id(t.grad_fn), t.output_nr): (t.grad_fn, _Entry(t, t.untyped_storage().nbytes()), t.dtype,

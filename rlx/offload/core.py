@@ -32,11 +32,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import ActivationOffloadConfig
+from .exact import narrow_dtype, rebuild, recipe
 from .pool import HostPool
 
 # group states
 _BUILDING, _COPYING, _ON_HOST, _LOADING, _LOADED, _RELEASED = range(6)
-_NARROW = (torch.bfloat16, torch.float16)
 
 
 class _Entry:
@@ -108,54 +108,6 @@ def _tensors_in(obj) -> List[torch.Tensor]:
     if isinstance(obj, dict):
         return [t for o in obj.values() for t in _tensors_in(o)]
     return []
-
-
-_POINTWISE = {"SiluBackward0": ("silu", 1), "MulBackward0": ("mul", 2)}  # grad_fn name: (op, inputs)
-
-
-def _recipe(produced: Dict[Tuple[int, int], tuple], t: torch.Tensor, nbytes: int):
-    """How to rebuild the storage of `t` from tensors already packed in its group, if `t` (or the tensor it is
-    a view of) is the untouched, dense, whole output of an elementwise silu/mul whose inputs are same-shape,
-    same-dtype tensors packed there; else None. `produced` maps (id(grad_fn), output_nr) of each packed tensor
-    to (grad_fn, entry, dtype, shape, stride, offset): the op's inputs are found through `next_functions`, never
-    by reading the node's saved tensors (that would run whatever unpack hook saved them, e.g. a recompute)."""
-    if t._base is not None:  # e.g. a Linear saves a 2-D view of its 3-D input
-        t = t._base
-    fn = t.grad_fn
-    spec = _POINTWISE.get(type(fn).__name__) if fn is not None else None
-    if spec is None or t.storage_offset() != 0 or t._version != 0:
-        return None
-    if not t.is_contiguous() or t.numel() * t.element_size() != nbytes:
-        return None
-    nexts = fn.next_functions
-    if len(nexts) != spec[1]:
-        return None
-    srcs = []
-    for node, nr in nexts:
-        src = produced.get((id(node), nr)) if node is not None else None
-        if src is None or src[2] != t.dtype or src[3] != t.shape:
-            return None
-        srcs.append(src[1:])
-    return spec[0], srcs, t.dtype, t.shape
-
-
-def _narrow_dtype(t: torch.Tensor, nbytes: int):
-    """The dtype a float32 storage can travel in exactly: that of the tensor it was upcast from, if it is the
-    untouched whole output of `to(float32)` from bfloat16/float16; else None."""
-    if t.dtype is not torch.float32 or t._base is not None or t.storage_offset() != 0 or t.numel() * 4 != nbytes:
-        return None
-    fn = t.grad_fn
-    if fn is None or type(fn).__name__ != "ToCopyBackward0" or t._version != 0:
-        return None
-    try:
-        src, i = fn.next_functions[0]
-        if src is None:
-            return None
-        var = getattr(src, "variable", None)  # AccumulateGrad: a leaf
-        dt = var.dtype if var is not None else src._input_metadata[i].dtype
-    except (AttributeError, IndexError, RuntimeError, TypeError):
-        return None
-    return dt if dt in _NARROW else None
 
 
 class _Boundary(torch.autograd.Function):
@@ -417,11 +369,11 @@ class ActivationOffloader:
         key = (st.data_ptr(), st.nbytes())
         if key not in g.entries:
             e = _Entry(_u8_view(st, t.device), st.nbytes())
-            e.recipe = _recipe(g.produced, t, e.nbytes) if self.cfg.rebuild_pointwise else None
+            e.recipe = recipe(g.produced, t, e.nbytes) if self.cfg.rebuild_pointwise else None
             g.entries[key] = e
             e.t, e.ver = t, t._version
             if e.recipe is None:
-                e.narrow = _narrow_dtype(t, e.nbytes)
+                e.narrow = narrow_dtype(t, e.nbytes)
                 self._copy_out(e)
             else:
                 self._offloaded_bytes += e.nbytes
@@ -588,11 +540,7 @@ class ActivationOffloader:
             for s, dt, shp, strd, off in srcs:
                 self._bring_back(s, done)
                 args.append(torch.empty(0, dtype=dt, device=self.device).set_(s.dev.untyped_storage(), off, shp, strd))
-            out = torch.empty(0, dtype=dtype, device=self.device).set_(e.dev.untyped_storage(), 0, shape)
-            if op == "silu":
-                torch.ops.aten.silu.out(args[0], out=out)
-            else:
-                torch.mul(args[0], args[1], out=out)
+            rebuild(op, args, torch.empty(0, dtype=dtype, device=self.device).set_(e.dev.untyped_storage(), 0, shape))
         elif e.narrow is None:
             e.dev.copy_(e.host, non_blocking=self.cuda)
         elif self.cuda:  # staging buffer from the H2D stream's pool, widened there
