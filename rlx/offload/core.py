@@ -593,7 +593,7 @@ class ActivationOffloader:
         for g in self._groups:
             g.valid = False
             g.prev = None
-            g.entries = {}
+            g.entries, g.produced = {}, {}
         self._last = {"offloaded_bytes": self._offloaded_bytes, "moved_bytes": self._moved_bytes,
                       "n_groups": len(self._groups), "kept_bytes": self._kept_bytes,
                       "rebuilt_bytes": self._rebuilt_bytes}
