@@ -386,12 +386,12 @@ def test_rebuild_pointwise_bitwise(dtype, max_pool):
 
 
 def test_recipe_detection():
-    from rlx.offload.core import _Entry
+    from rlx.offload.core import _Entry, _Packed
     from rlx.offload.exact import recipe as _recipe
 
     def entries_of(*ts):  # as the pack hook records them: by the autograd output that produced each tensor
-        return {(id(t.grad_fn), t.output_nr): (t.grad_fn, _Entry(t, t.untyped_storage().nbytes()), t.dtype,
-                                               t.shape, t.stride(), t.storage_offset()) for t in ts}
+        return {(id(t.grad_fn), t.output_nr): (t.grad_fn, _Entry(t, t.untyped_storage().nbytes()),
+                                               _Packed(None, None, t)) for t in ts}
 
     w = torch.randn(8, 8, requires_grad=True)
     gate, up = torch.randn(4, 8) @ w, torch.randn(4, 8) @ w

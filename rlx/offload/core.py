@@ -55,7 +55,7 @@ class _Entry:
         self.ver = 0
         self.ev = None  # H2D event of this storage's copy back
         self.waited = True
-        self.recipe = None  # (op, [(source entry, dtype, shape, stride, offset)], dtype, shape): rebuilt, not copied
+        self.recipe = None  # (op, [(source entry, its saved view)], dtype, shape): rebuilt, not copied
 
 
 class _Group:
@@ -74,7 +74,7 @@ class _Group:
         self.h2d_event = None
         self.valid = True
         self.n_packed = 0
-        self.produced: Dict[Tuple[int, int], tuple] = {}  # while building: see _recipe
+        self.produced: Dict[Tuple[int, int], tuple] = {}  # while building: see exact.recipe
 
 
 class _Packed:
@@ -93,6 +93,11 @@ class _Packed:
 
 def _u8_view(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+
+
+def _view(base: torch.Tensor, p: _Packed) -> torch.Tensor:
+    """The exact saved view `p` (dtype/shape/stride/offset) over the storage of `base` (a device uint8 tensor)."""
+    return torch.empty(0, dtype=p.dtype, device=base.device).set_(base.untyped_storage(), p.offset, p.shape, p.stride)
 
 
 def _as(t_u8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -239,7 +244,8 @@ class ActivationOffloader:
         return (f"activation offload: {s['n_layers']} x {self.layer_class}, checkpointing="
                 f"{'on' if self.checkpointing else 'off'}, keep_last_layers={self.keep_last_layers}, "
                 f"offload_head={bool(self.head)}, recompute_mlp={self.cfg.recompute_mlp and not self.checkpointing}, "
-                f"prefetch_layers={self.cfg.prefetch_layers}, rebuild_pointwise={self.cfg.rebuild_pointwise}, min_tensor_bytes={self.cfg.min_tensor_bytes}, "
+                f"prefetch_layers={self.cfg.prefetch_layers}, rebuild_pointwise={self.cfg.rebuild_pointwise}, "
+                f"min_tensor_bytes={self.cfg.min_tensor_bytes}, "
                 f"device={self.device}, {'pinned ' if self.pool.pin_memory else ''}pool={s['pool_bytes']} bytes in "
                 f"{s['pool_chunks']} chunks, last micro-batch: {s['n_groups']} groups, "
                 f"{s['offloaded_bytes_last_step']} bytes offloaded ({s['moved_bytes_last_step']} moved each way, "
@@ -379,10 +385,10 @@ class ActivationOffloader:
                 self._offloaded_bytes += e.nbytes
                 self._rebuilt_bytes += e.nbytes
         g.n_packed += 1
+        packed = _Packed(g, key, t)
         if t.grad_fn is not None and self.cfg.rebuild_pointwise:
-            g.produced[(id(t.grad_fn), t.output_nr)] = (t.grad_fn, g.entries[key], t.dtype, t.shape, t.stride(),
-                                                         t.storage_offset())
-        return _Packed(g, key, t)
+            g.produced[(id(t.grad_fn), t.output_nr)] = (t.grad_fn, g.entries[key], packed)
+        return packed
 
     def _unpack(self, p):
         if isinstance(p, torch.Tensor):
@@ -404,8 +410,7 @@ class ActivationOffloader:
             base = e.dev
         else:  # still being built or copied: the device copy is intact
             base = e.src
-        return torch.empty(0, dtype=p.dtype, device=self.device).set_(
-            base.untyped_storage(), p.offset, p.shape, p.stride)
+        return _view(base, p)
 
     # ------------------------------------------------------------------ forward side
     def _copy_out(self, e: _Entry) -> None:
@@ -433,7 +438,7 @@ class ActivationOffloader:
             changed = {id(e) for e in g.entries.values() if e.t is not None and e.t._version != e.ver}
             for e in g.entries.values():
                 if e.recipe is not None and not e.keep and (id(e) in changed or any(
-                        id(s[0]) in changed for s in e.recipe[1])):
+                        id(s) in changed for s, _ in e.recipe[1])):
                     e.keep, e.recipe = True, None  # its inputs (or itself) changed after forward: keep it
                     self._kept_bytes += e.nbytes
                     self._rebuilt_bytes -= e.nbytes
@@ -537,9 +542,9 @@ class ActivationOffloader:
         if e.recipe is not None:
             op, srcs, dtype, shape = e.recipe
             args = []
-            for s, dt, shp, strd, off in srcs:
+            for s, view in srcs:
                 self._bring_back(s, done)
-                args.append(torch.empty(0, dtype=dt, device=self.device).set_(s.dev.untyped_storage(), off, shp, strd))
+                args.append(_view(s.dev, view))
             rebuild(op, args, torch.empty(0, dtype=dtype, device=self.device).set_(e.dev.untyped_storage(), 0, shape))
         elif e.narrow is None:
             e.dev.copy_(e.host, non_blocking=self.cuda)

@@ -20,8 +20,9 @@ def recipe(produced: Dict[Tuple[int, int], tuple], t: torch.Tensor, nbytes: int)
     """How to rebuild the storage of `t` from tensors already packed in its group, if `t` (or the tensor it is
     a view of) is the untouched, dense, whole output of an elementwise silu/mul whose inputs are same-shape,
     same-dtype tensors packed there; else None. `produced` maps (id(grad_fn), output_nr) of each packed tensor
-    to (grad_fn, entry, dtype, shape, stride, offset): the op's inputs are found through `next_functions`, never
-    by reading the node's saved tensors (that would run whatever unpack hook saved them, e.g. a recompute)."""
+    to (grad_fn, entry, saved view): the op's inputs are found through `next_functions`, never by reading the
+    node's saved tensors (that would run whatever unpack hook saved them, e.g. a recompute). The recipe is
+    (op, [(entry, saved view) per input], dtype, shape)."""
     if t._base is not None:  # e.g. a Linear saves a 2-D view of its 3-D input
         t = t._base
     fn = t.grad_fn
@@ -35,10 +36,13 @@ def recipe(produced: Dict[Tuple[int, int], tuple], t: torch.Tensor, nbytes: int)
         return None
     srcs = []
     for node, nr in nexts:
-        src = produced.get((id(node), nr)) if node is not None else None
-        if src is None or src[2] != t.dtype or src[3] != t.shape:
+        hit = produced.get((id(node), nr)) if node is not None else None
+        if hit is None:
             return None
-        srcs.append(src[1:])
+        _, entry, view = hit
+        if view.dtype != t.dtype or view.shape != t.shape:
+            return None
+        srcs.append((entry, view))
     return spec[0], srcs, t.dtype, t.shape
 
 
