@@ -5,16 +5,23 @@ Layout under the root (`trainer.default_local_dir`)::
     global_step_N/actor/{model/, optim/, extra_rank{r}.pt, meta.json, huggingface/}
     global_step_N/critic/...
     global_step_N/driver_state.json
-    global_step_N/COMPLETE                      written last, by the driver: the step is resumable
+    global_step_N/COMPLETE                      written last, by the driver: the step is resumable; holds
+                                                the size and sha256 of every other file of the step
     latest_checkpointed_iteration.txt           verl's pointer, written after COMPLETE
 
 `model/` and `optim/` are torch distributed checkpoints (DCP) of the sharded state dicts that
 `torch.distributed.checkpoint.state_dict` builds for FSDP1 and FSDP2 alike; they load back at any world size.
 `extra_rank{r}.pt` holds the lr scheduler and the rank's RNG states. `huggingface/` (optional) is a plain HF
 model directory (config, safetensors, tokenizer) for `from_pretrained` and vLLM.
+
+Integrity: resume only starts from a step whose files all match the checksums in its COMPLETE marker
+(`verify`); a step that does not (bytes overwritten, a truncated or unreadable file, a marker without
+checksums) is reported by file and skipped for the newest earlier one that does, or stops the run
+(`trainer.on_damaged_checkpoint`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -168,7 +175,12 @@ def load_engine(engine, path: str, contents=CONTENTS) -> None:
         if not same_world:
             log.warning("%s was saved by %d ranks, loading on %d: RNG states are not restored",
                         path, meta["world_size"], world)
-        extra = torch.load(own if same_world else os.path.join(path, "extra_rank0.pt"), weights_only=False)
+        extra_path = own if same_world else os.path.join(path, "extra_rank0.pt")
+        try:
+            extra = torch.load(extra_path, weights_only=False)
+        except Exception as e:  # noqa: BLE001 - EOFError, UnpicklingError, RuntimeError: a damaged file
+            raise DamagedCheckpointError(f"{extra_path} is unreadable ({type(e).__name__}: {e}); resume from an "
+                                         f"earlier global_step_N dir (trainer.resume_from_path)") from None
         if extra["lr_scheduler"] is not None and engine.lr_scheduler is not None:
             engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         if same_world:
@@ -242,9 +254,21 @@ def export_hf(module, out_dir: str, tokenizer=None, dtype: torch.dtype | None = 
                     shutil.copy2(os.path.join(src, fname), os.path.join(tmp, fname))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        _make_readable(tmp)
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
     _barrier()
+
+
+def _make_readable(directory: str) -> None:
+    """Give every file the mode a plain `open` would (0644 under the usual umask): safetensors writes 0600,
+    and an export is meant to be read by other users and services (vLLM servers, evaluation jobs)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            os.chmod(path, 0o666 & ~umask)
 
 
 def _is_tokenizer_file(fname: str) -> bool:
@@ -274,13 +298,85 @@ def write_latest(root: str, step: int) -> None:
     _atomic_write(os.path.join(root, LATEST), str(int(step)))
 
 
+MANIFEST_FORMAT = "rlx-checkpoint-manifest/1"
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)  # hashlib drops the GIL on large buffers: the thread pool hashes files in parallel
+    return h.hexdigest()
+
+
+def _files(directory: str) -> list[str]:
+    """Every file of a step dir (relative paths), the marker itself and temp files of atomic writes excluded."""
+    out = []
+    for dirpath, _, names in os.walk(directory):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), directory)
+            if rel != COMPLETE and ".tmp." not in name:
+                out.append(rel)
+    return sorted(out)
+
+
+def _hash_all(directory: str, rels: list[str]) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        digests = pool.map(lambda rel: _sha256(os.path.join(directory, rel)), rels)
+        return dict(zip(rels, digests))
+
+
 def mark_complete(directory: str) -> None:
-    """Declare a step's checkpoint resumable: call last, after every engine part and the driver state."""
-    _atomic_write(os.path.join(directory, COMPLETE), "")
+    """Declare a step's checkpoint resumable: call last, after every engine part and the driver state.
+
+    The marker records the size and sha256 of every file of the step, so that resume can tell a damaged
+    checkpoint from a good one (`verify`)."""
+    rels = _files(directory)
+    digests = _hash_all(directory, rels)
+    files = {rel: {"size": os.path.getsize(os.path.join(directory, rel)), "sha256": digests[rel]} for rel in rels}
+    _atomic_write(os.path.join(directory, COMPLETE), json.dumps({"format": MANIFEST_FORMAT, "files": files},
+                                                                indent=1))
 
 
 def is_complete(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, COMPLETE))
+
+
+def verify(directory: str) -> list[str]:
+    """Check a complete step against its COMPLETE manifest; returns the problems (file and what is wrong), or [].
+
+    Sizes are checked first (a truncated file costs no hashing), then every checksum."""
+    try:
+        with open(os.path.join(directory, COMPLETE)) as f:
+            manifest = json.load(f)
+        files = manifest["files"] if manifest.get("format") == MANIFEST_FORMAT else None
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        files = None
+    if not isinstance(files, dict):
+        return [f"{COMPLETE}: holds no checksums (a marker from an older rlx, or damaged), so the checkpoint "
+                f"cannot be verified"]
+    problems, to_hash = [], []
+    for rel, entry in sorted(files.items()):
+        path = os.path.join(directory, rel)
+        try:
+            size = os.path.getsize(path)
+        except OSError as e:
+            problems.append(f"{rel}: missing or unreadable ({e.strerror or e})")
+            continue
+        if size != entry["size"]:
+            problems.append(f"{rel}: {size} bytes, {entry['size']} when saved (truncated or rewritten)")
+        else:
+            to_hash.append(rel)
+    try:
+        digests = _hash_all(directory, to_hash)
+    except OSError as e:
+        return problems + [f"{os.path.relpath(e.filename, directory) if e.filename else '?'}: unreadable "
+                           f"({e.strerror or e})"]
+    problems += [f"{rel}: contents differ from the checksum recorded when it was saved (overwritten or corrupted)"
+                 for rel in to_hash if digests[rel] != files[rel]["sha256"]]
+    return problems
 
 
 def list_steps(root: str, complete_only: bool = True) -> list[int]:
@@ -291,19 +387,50 @@ def list_steps(root: str, complete_only: bool = True) -> list[int]:
     return sorted(s for s in steps if not complete_only or is_complete(step_dir(root, s)))
 
 
-def find_resume_dir(trainer_cfg) -> str | None:
-    """The step dir to resume from per `trainer.resume_mode`, or None to start fresh.
+class DamagedCheckpointError(ValueError):
+    """No checkpoint to resume from could be verified, and starting fresh would be wrong."""
 
-    auto: the newest complete step under `trainer.default_local_dir` (the latest pointer is only trusted
-    as far as it names a complete dir; incomplete dirs from crashed saves are ignored). disable: None.
-    resume_path: `trainer.resume_from_path`, which must be a complete step dir.
+
+def _damage_report(directory: str, problems: list[str]) -> str:
+    shown = problems[:5] + ([f"... and {len(problems) - 5} more"] if len(problems) > 5 else [])
+    return f"checkpoint {directory} is damaged:\n    " + "\n    ".join(shown)
+
+
+def find_resume_dir(trainer_cfg) -> str | None:
+    """The verified step dir to resume from per `trainer.resume_mode`, or None to start fresh.
+
+    auto: the newest complete step under `trainer.default_local_dir` whose files match their checksums (the
+    latest pointer is only trusted as far as it names such a dir; incomplete dirs from crashed saves are
+    ignored). A damaged step is reported by file; with `trainer.on_damaged_checkpoint=previous` the newest
+    earlier one that verifies is taken, with `error` (or when none verifies) a `DamagedCheckpointError` stops
+    the run. disable: None. resume_path: `trainer.resume_from_path`, a complete step dir that verifies.
     """
     mode = trainer_cfg.resume_mode
     if mode == "disable":
         return None
     if mode == "auto":
-        steps = list_steps(trainer_cfg.default_local_dir)
-        return step_dir(trainer_cfg.default_local_dir, steps[-1]) if steps else None
+        root = trainer_cfg.default_local_dir
+        damaged = []
+        for step in reversed(list_steps(root)):
+            d = step_dir(root, step)
+            problems = verify(d)
+            if not problems:
+                if damaged:
+                    log.warning("%s\n  resuming from the previous complete checkpoint %s instead "
+                                "(trainer.on_damaged_checkpoint=previous)", "\n".join(damaged), d)
+                return d
+            damaged.append(_damage_report(d, problems))
+            if trainer_cfg.on_damaged_checkpoint == "error":
+                raise DamagedCheckpointError(
+                    f"{damaged[-1]}\n  Fix: restore it, or resume from an earlier step with "
+                    f"trainer.resume_mode=resume_path trainer.resume_from_path=<global_step_N dir>, or set "
+                    f"trainer.on_damaged_checkpoint=previous")
+        if damaged:
+            raise DamagedCheckpointError(
+                "\n".join(damaged) + f"\n  No checkpoint under {root} verifies, so there is nothing to resume "
+                f"from. Fix: restore one, or start fresh with trainer.resume_mode=disable (or another "
+                f"trainer.default_local_dir)")
+        return None
     if mode == "resume_path":
         path = trainer_cfg.resume_from_path
         if not path or not os.path.isdir(path):
@@ -312,6 +439,10 @@ def find_resume_dir(trainer_cfg) -> str | None:
         if not is_complete(path):
             raise ValueError(f"trainer.resume_from_path={path!r} is not a complete checkpoint (no {COMPLETE} "
                              f"marker: its save did not finish); give a global_step_N dir that has one")
+        problems = verify(path)
+        if problems:
+            raise DamagedCheckpointError(f"trainer.resume_from_path: {_damage_report(path, problems)}\n  Fix: "
+                                         f"give an earlier global_step_N dir, or trainer.resume_mode=auto")
         return path
     raise ValueError(f"trainer.resume_mode={mode!r}: choose auto | disable | resume_path")
 
@@ -355,8 +486,14 @@ def save_driver_state(directory: str, state: dict) -> None:
 
 
 def load_driver_state(directory: str) -> dict:
-    with open(os.path.join(directory, DRIVER_STATE)) as f:
-        return _from_json(json.load(f))
+    path = os.path.join(directory, DRIVER_STATE)
+    try:
+        with open(path) as f:
+            return _from_json(json.load(f))
+    except (OSError, ValueError) as e:
+        raise DamagedCheckpointError(f"{path} is unreadable ({type(e).__name__}: {e}); resume from the previous "
+                                     f"step: trainer.resume_mode=resume_path trainer.resume_from_path=<an "
+                                     f"earlier global_step_N dir>") from None
 
 
 def rotate(root: str, keep: int | None, subdir: str) -> list[str]:

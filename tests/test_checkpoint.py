@@ -228,3 +228,85 @@ def test_driver_state_round_trip(tmp_path):
     assert torch.equal(dl["gen"], state["dataloader"]["gen"]) and dl["gen"].dtype == torch.uint8
     assert (dl["perm"] == np.arange(4)).all() and dl["py"] == (3, (1, 2), None)
     assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+# ---------------------------------------------------------------------------------------------- integrity
+def _filled_step(root, step):
+    """A complete step with real-looking files: a model shard, an extra state, the driver state."""
+    d = ckpt.step_dir(root, step)
+    os.makedirs(os.path.join(d, "actor", "model"))
+    with open(os.path.join(d, "actor", "model", "__0_0.distcp"), "wb") as f:
+        f.write(os.urandom(4096))
+    torch.save({"rng": torch.get_rng_state()}, os.path.join(d, "actor", "extra_rank0.pt"))
+    ckpt.save_driver_state(d, {"global_step": step})
+    ckpt.mark_complete(d)
+    return d
+
+
+def _auto(root, on_damaged="previous"):
+    return SimpleNamespace(resume_mode="auto", default_local_dir=root, resume_from_path=None,
+                           on_damaged_checkpoint=on_damaged)
+
+
+def _overwrite(path):
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(size // 2)
+        f.write(b"\xff" * 16)  # same size, different bytes (what NaN weights written over a shard look like)
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+@pytest.mark.parametrize("damage,rel", [
+    (_overwrite, "actor/model/__0_0.distcp"),
+    (_truncate, "actor/model/__0_0.distcp"),
+    (_truncate, "actor/extra_rank0.pt"),
+    (lambda p: open(p, "w").write("{broken"), "driver_state.json"),
+    (os.remove, "actor/model/__0_0.distcp"),
+])
+def test_damaged_checkpoint_resumes_from_the_previous_one(tmp_path, caplog, damage, rel):
+    root = str(tmp_path)
+    d1, d2 = _filled_step(root, 1), _filled_step(root, 2)
+    assert ckpt.verify(d2) == []
+    damage(os.path.join(d2, rel))
+    problems = ckpt.verify(d2)
+    assert len(problems) == 1 and problems[0].startswith(rel), problems
+    with caplog.at_level("WARNING", logger="rlx"):
+        assert ckpt.find_resume_dir(_auto(root)) == d1
+    assert d2 in caplog.text and rel in caplog.text and f"resuming from the previous complete checkpoint {d1}" \
+        in caplog.text
+    with pytest.raises(ckpt.DamagedCheckpointError, match=rel):
+        ckpt.find_resume_dir(_auto(root, on_damaged="error"))
+    cfg = SimpleNamespace(resume_mode="resume_path", resume_from_path=d2, default_local_dir=root)
+    with pytest.raises(ckpt.DamagedCheckpointError, match="trainer.resume_from_path"):
+        ckpt.find_resume_dir(cfg)
+
+
+def test_never_resumes_from_an_unverifiable_checkpoint(tmp_path):
+    root = str(tmp_path)
+    d1 = _filled_step(root, 1)
+    with open(os.path.join(d1, ckpt.COMPLETE), "w"):
+        pass  # an empty marker, as older versions wrote: nothing to verify against
+    assert "cannot be verified" in ckpt.verify(d1)[0]
+    with pytest.raises(ckpt.DamagedCheckpointError, match="resume_mode=disable"):
+        ckpt.find_resume_dir(_auto(root))  # none verifies: an error, never a silent fresh start
+
+
+def test_unreadable_driver_state_names_the_file(tmp_path):
+    d = _filled_step(str(tmp_path), 1)
+    with open(os.path.join(d, ckpt.DRIVER_STATE), "w") as f:
+        f.write('{"global_step": ')
+    with pytest.raises(ckpt.DamagedCheckpointError, match="driver_state.json.*resume_from_path"):
+        ckpt.load_driver_state(d)
+
+
+def test_hf_export_is_readable_by_others(tmp_path, tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    ckpt.export_hf(model, str(tmp_path / "hf"))
+    modes = {f: os.stat(tmp_path / "hf" / f).st_mode & 0o777 for f in os.listdir(tmp_path / "hf")}
+    assert modes and all(m & 0o044 == 0o044 for m in modes.values()), {f: oct(m) for f, m in modes.items()}

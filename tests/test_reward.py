@@ -171,3 +171,46 @@ def test_prepare_gsm8k_script(tmp_path):
     ds = RLDataset(str(out_dir / "train.parquet"), tok, cfg)
     item = ds[2]
     assert default_compute_score(item["data_source"], records[2]["answer"], item["ground_truth"]) == 1.0
+
+
+def _custom(tmp_path, body: str):
+    src = tmp_path / "my_reward.py"
+    src.write_text("def my_score(data_source, solution_str, ground_truth, extra_info=None):\n" + body)
+    return src, load_reward_fn(types.SimpleNamespace(path=str(src), name="my_score"), {})
+
+
+@pytest.mark.parametrize("value", ["float('nan')", "float('inf')", "{'score': float('-inf')}"])
+def test_non_finite_reward_is_an_error_naming_the_function_and_sample(tmp_path, value):
+    from rlx.data.reward import RewardError
+
+    src, fn = _custom(tmp_path, f"    return 1.0 if data_source == 'ok' else {value}\n")
+    tok = build_byte_tokenizer()
+    batch = _batch(tok, ["a", "b", "c"], sources=["ok", "ok", "bad/src"])
+    with pytest.raises(RewardError) as e:
+        RewardManager(tok, fn)(batch)
+    msg = str(e.value)
+    assert "my_score" in msg and str(src) in msg and "sample 2" in msg and "'bad/src'" in msg, msg
+    assert "reward_model.non_finite_score" in msg
+
+
+def test_non_finite_reward_replaced_and_counted_behind_the_key(tmp_path):
+    _, fn = _custom(tmp_path, "    return float('nan') if solution_str.startswith('b') else 1.0\n")
+    tok = build_byte_tokenizer()
+    manager = RewardManager(tok, fn, non_finite_score=-1.0)
+    scores, _ = manager(_batch(tok, ["a", "b", "bb"], sources=["s"] * 3))
+    assert scores.sum(-1).tolist() == [1.0, -1.0, -1.0] and manager.non_finite_count == 2
+    manager(_batch(tok, ["a"], sources=["s"]))
+    assert manager.non_finite_count == 0  # per call
+
+
+@pytest.mark.parametrize("value", ["'0.5'", "None", "[1.0]", "{'acc': 1.0}"])
+def test_reward_of_the_wrong_type_names_the_function_and_value(tmp_path, value):
+    from rlx.data.reward import RewardError
+
+    _, fn = _custom(tmp_path, f"    return {value}\n")
+    tok = build_byte_tokenizer()
+    with pytest.raises(RewardError) as e:
+        RewardManager(tok, fn)(_batch(tok, ["a"], sources=["s"]))
+    msg = str(e.value)
+    assert "my_score" in msg and "sample 0" in msg, msg
+    assert ("'score'" in msg) if value.startswith("{") else (value.strip("'") in msg), msg

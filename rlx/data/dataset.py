@@ -113,6 +113,9 @@ class RLDataset:
         texts = [self._render(row, origin, i) for i, (row, origin) in enumerate(zip(rows, origins))]
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
+        over = [i for i, tok in enumerate(ids) if len(tok) > self.max_prompt_length]
+        if over and self.truncation == "error" and not self.filter_overlong_prompts:
+            raise ValueError(self._overlong_message(over, rows, origins, texts, ids))
         self._items: list[dict] = []
         n_over = 0
         for i, (row, origin, text, tok) in enumerate(zip(rows, origins, texts, ids)):
@@ -145,6 +148,19 @@ class RLDataset:
             raise ValueError(f"no prompts left in {self.files} after filtering prompts longer than "
                              f"data.max_prompt_length={self.max_prompt_length}; raise it or set "
                              f"data.filter_overlong_prompts=false with data.truncation=left|right|middle")
+
+    def _overlong_message(self, over, rows, origins, texts, ids) -> str:
+        n, first = self.max_prompt_length, over[0]
+        longest = max(len(ids[i]) for i in over)
+        files = sorted({origins[i] for i in over})
+        return (f"{len(over)} of {len(rows)} prompts in {files} are longer than data.max_prompt_length={n} tokens "
+                f"(longest {longest}; first: {origins[first]!r} row {first}, {len(ids[first])} tokens, starting "
+                f"{texts[first][:80]!r}) and data.truncation='error'. Fix: data.max_prompt_length={longest}, or "
+                f"data.filter_overlong_prompts=True (drop them), or data.truncation=left|right|middle")
+
+    def data_sources(self) -> set[str]:
+        """The distinct `data_source` values (what picks the reward function)."""
+        return {item["data_source"] for item in self._items}
 
     # ---- construction helpers -------------------------------------------------------------------------
     def _render(self, row: dict, origin: str, i: int) -> str:

@@ -73,13 +73,59 @@ def load_reward_fn(custom_cfg, reward_kwargs: dict | None = None) -> Callable:
     return fn
 
 
-class RewardManager:
-    """Decodes each response, scores it, and puts the score on its last valid response token."""
+def describe_fn(fn: Callable) -> str:
+    """`name (file)` of a score function, through functools.partial (bound reward_kwargs)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    code = getattr(fn, "__code__", None)
+    return f"{name} ({code.co_filename})" if code is not None else name
 
-    def __init__(self, tokenizer, compute_score: Callable | None = None, reward_fn_key: str = "data_source"):
+
+class RewardError(ValueError):
+    """A score function returned something that is not a finite number (names the function and the sample)."""
+
+
+class RewardManager:
+    """Decodes each response, scores it, and puts the score on its last valid response token.
+
+    A score must be a finite number (or a dict with one under "score"): anything else is a `RewardError` naming
+    the function, the value, the data_source and the sample, so that no step trains on a garbage reward. With
+    `non_finite_score` set (`reward_model.non_finite_score`), NaN/inf scores are replaced by it instead and
+    counted in `non_finite_count` (of the last call).
+    """
+
+    def __init__(self, tokenizer, compute_score: Callable | None = None, reward_fn_key: str = "data_source",
+                 non_finite_score: float | None = None):
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
+        self.non_finite_score = non_finite_score
+        self.non_finite_count = 0
+
+    def _to_score(self, result, i: int, source) -> float:
+        value = result.get("score") if isinstance(result, dict) else result
+        where = f"sample {i} (data_source={source!r})"
+        if isinstance(result, dict) and "score" not in result:
+            raise RewardError(f"reward function {describe_fn(self.compute_score)} returned a dict without a 'score' "
+                              f"key for {where}: keys {sorted(result)}")
+        try:
+            if isinstance(value, (str, bytes)):
+                raise TypeError("a string")
+            score = float(value)
+        except (TypeError, ValueError) as e:
+            raise RewardError(f"reward function {describe_fn(self.compute_score)} returned {value!r:.200} "
+                              f"({type(value).__name__}) for {where}; it must return a float (or a dict with a "
+                              f"float 'score')") from e
+        if not math.isfinite(score):
+            if self.non_finite_score is None:
+                raise RewardError(f"reward function {describe_fn(self.compute_score)} returned {score} for {where}; "
+                                  f"a reward must be finite. Fix the function, or set "
+                                  f"reward_model.non_finite_score=<value> to replace such scores (counted in "
+                                  f"reward/non_finite_count)")
+            self.non_finite_count += 1
+            score = float(self.non_finite_score)
+        return score
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
         responses = batch.tensors["responses"]
@@ -90,6 +136,7 @@ class RewardManager:
         truths = batch.non_tensors["ground_truth"]
         extras = batch.non_tensors.get("extra_info")
         extra_out: dict[str, list[Any]] = {}
+        self.non_finite_count = 0
         resp_cpu, mask_cpu = responses.detach().cpu(), mask.detach().cpu().bool()
         for i in range(bsz):
             valid = mask_cpu[i].nonzero(as_tuple=True)[0]
@@ -97,16 +144,11 @@ class RewardManager:
             extra_info = extras[i] if extras is not None else None
             result = self.compute_score(data_source=sources[i], solution_str=text, ground_truth=truths[i],
                                         extra_info=extra_info)
+            score = self._to_score(result, i, sources[i])
             if isinstance(result, dict):
-                if "score" not in result:
-                    raise ValueError(f"reward function returned a dict without a 'score' key: {sorted(result)}")
-                score = float(result["score"])
                 for key, value in result.items():
-                    if key == "score":
-                        continue
-                    extra_out.setdefault(key, [math.nan] * bsz)[i] = value
-            else:
-                score = float(result)
+                    if key != "score":
+                        extra_out.setdefault(key, [math.nan] * bsz)[i] = value
             if len(valid) > 0:
                 scores[i, valid[-1]] = score
             else:
