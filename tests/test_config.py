@@ -118,14 +118,31 @@ def test_mini_batch_must_divide_train_batch():
         err("actor_rollout_ref.actor.ppo_mini_batch_size=5")
 
 
-def test_micro_batch_must_divide_per_rank_mini_batch():
-    msg = err("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3")
-    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3" in msg and "16 sequences" in msg
+def test_micro_batch_need_not_divide_the_mini_batch_but_must_be_positive():
+    # verl splits a per-rank mini-batch of 160 into 64 + 64 + 32; so does rlx (gradients stay exact)
+    load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
+    msg = err("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0")
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0 must be a positive integer" in msg
+    load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null", "actor_rollout_ref.actor.use_dynamic_bsz=True"])
 
 
 def test_critic_micro_batch_checked_for_gae():
-    msg = err("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=5")
-    assert "critic.ppo_micro_batch_size_per_gpu=5" in msg
+    msg = err("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=0")
+    assert "critic.ppo_micro_batch_size_per_gpu=0" in msg
+
+
+def test_dynamic_bsz_needs_a_positive_token_budget():
+    msg = err("actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=0",
+              "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+              "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=-1")
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=0 must be a positive integer" in msg
+    assert "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=-1 must be a positive integer" in msg
+
+
+def test_fused_head_and_tiling_knobs_checked():
+    msg = err("actor_rollout_ref.model.fused_kernel_options.chunk_size=0", "critic.model.tile_mlp_tokens=-1")
+    assert "actor_rollout_ref.model.fused_kernel_options.chunk_size=0 must be a positive integer" in msg
+    assert "critic.model.tile_mlp_tokens=-1 must be >= 0" in msg
 
 
 def test_deprecated_global_micro_batch_rejected():

@@ -86,9 +86,17 @@ class FSDPConfig:
     """verl key; rlx wraps every decoder layer (the HF model's _no_split_modules) and the root."""
     model_dtype: str = "fp32"
     """dtype of the sharded master weights: fp32 | bf16."""
-    mixed_precision: dict = field(default_factory=lambda: {"param_dtype": "fp32", "reduce_dtype": "fp32",
-                                                           "buffer_dtype": "fp32"})
-    """Compute dtypes for FSDP mixed precision (bf16 on GPUs in the recipes)."""
+    mixed_precision: dict = field(default_factory=dict)
+    """FSDP compute dtypes {param_dtype, reduce_dtype, buffer_dtype}: fp32 | bf16 | fp16. Keys left unset get
+    verl's defaults on cuda (param bf16, reduce fp32, buffer fp32) and fp32 on cpu."""
+
+
+@dataclass
+class FusedKernelOptions:
+    impl_backend: str = "torch"
+    """verl key: the fused head's implementation; rlx has the pure-torch one (CPU and GPU)."""
+    chunk_size: int = 2048
+    """Tokens per chunk of the fused head: its transient memory is about 3 x chunk_size x vocab x 4 bytes."""
 
 
 @dataclass
@@ -110,7 +118,14 @@ class ModelConfig:
     trust_remote_code: bool = False
     """Passed to the HF loaders."""
     use_remove_padding: bool = False
-    """verl key (not supported yet)."""
+    """Run the actor and ref forward passes on the valid tokens only, packed into one row per micro-batch with
+    position_ids restarting at each sequence; attention never crosses sequences (flash-attn varlen where it is
+    installed on CUDA, else PyTorch SDPA per sequence)."""
+    tile_mlp_tokens: int = 0
+    """Run each decoder layer's MLP in tiles of this many tokens (0: off), so its intermediates for the whole
+    sequence are never alive at once; in backward each tile is recomputed and differentiated on its own. Cuts
+    the recompute working set of long sequences (best with activation offload + gradient checkpointing); costs
+    one extra MLP forward per layer when training."""
     use_shm: bool = False
     """verl key (not supported yet)."""
     lora_rank: int = 0
@@ -123,10 +138,13 @@ class ModelConfig:
     """verl key (LoRA is not supported yet)."""
     use_liger: bool = False
     """verl key (not supported yet)."""
-    use_fused_kernels: bool = False
-    """verl key (not supported yet)."""
-    fused_kernel_options: dict = field(default_factory=lambda: {"impl_backend": "torch"})
-    """verl key (not supported yet)."""
+    use_fused_kernels: bool = True
+    """Fused log-prob head for the actor and the ref: hidden states -> output projection -> temperature ->
+    log-prob (and entropy) in chunks of tokens, recomputed chunk by chunk in backward, never holding
+    [tokens, vocab] logits. On by default in rlx (verl's default is off): the full logits cost ~1.8 MB per
+    token on a 152k vocabulary and set the longest response that fits."""
+    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
+    """Options of the fused head."""
 
 
 @dataclass
@@ -176,9 +194,10 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: Optional[int] = 8
     """Sequences per forward/backward on each rank (gradient accumulation inside a mini-batch)."""
     use_dynamic_bsz: bool = False
-    """verl key (not supported yet)."""
+    """Form micro-batches by a token budget (ppo_max_token_len_per_gpu) instead of a row count, balanced across
+    them; gradients are accumulated exactly whatever the split."""
     ppo_max_token_len_per_gpu: int = 16384
-    """verl key (used with use_dynamic_bsz)."""
+    """Token budget of one update micro-batch with use_dynamic_bsz (a longer sequence gets one of its own)."""
     grad_clip: float = 1.0
     """Max global gradient norm."""
     clip_ratio: float = 0.2
@@ -236,9 +255,10 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = 16
     """Sequences per reference log-prob forward on each rank."""
     log_prob_use_dynamic_bsz: bool = False
-    """verl key (not supported yet)."""
+    """Form log-prob micro-batches by a token budget (log_prob_max_token_len_per_gpu); outputs keep the batch's
+    order."""
     log_prob_max_token_len_per_gpu: int = 16384
-    """verl key."""
+    """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz."""
     ulysses_sequence_parallel_size: int = 1
     """verl key (not supported yet)."""
     entropy_from_logits_with_chunking: bool = False
@@ -310,9 +330,10 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = 16
     """Sequences per old-log-prob forward on each rank."""
     log_prob_use_dynamic_bsz: bool = False
-    """verl key (not supported yet)."""
+    """Form log-prob micro-batches by a token budget (log_prob_max_token_len_per_gpu); outputs keep the batch's
+    order."""
     log_prob_max_token_len_per_gpu: int = 16384
-    """verl key."""
+    """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz."""
     disable_log_stats: bool = True
     """vLLM stats logging off."""
     enable_chunked_prefill: bool = True
@@ -358,7 +379,9 @@ class CriticModelConfig:
     trust_remote_code: bool = False
     """Passed to the HF loaders."""
     use_remove_padding: bool = False
-    """verl key (not supported yet)."""
+    """Run the critic's forward passes on the valid tokens only, packed (see actor_rollout_ref.model)."""
+    tile_mlp_tokens: int = 0
+    """Run each decoder layer's MLP in tiles of this many tokens (0: off); see actor_rollout_ref.model."""
     use_shm: bool = False
     """verl key (not supported yet)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -392,11 +415,11 @@ class CriticConfig:
     forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
     """Sequences per value forward on each rank."""
     use_dynamic_bsz: bool = False
-    """verl key (not supported yet)."""
+    """Form the critic's micro-batches (update and values) by token budgets instead of row counts."""
     ppo_max_token_len_per_gpu: int = 32768
-    """verl key."""
+    """Token budget of one critic update micro-batch with use_dynamic_bsz."""
     forward_max_token_len_per_gpu: int = 32768
-    """verl key."""
+    """Token budget of one value-forward micro-batch with use_dynamic_bsz."""
     ulysses_sequence_parallel_size: int = 1
     """verl key (not supported yet)."""
     ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"  # type: ignore[assignment]
@@ -425,6 +448,10 @@ class RewardModelConfig:
     """Extra keyword arguments of the score function (e.g. format_score)."""
     launch_reward_fn_async: bool = False
     """verl key (not supported yet)."""
+    non_finite_score: Optional[float] = None
+    """A NaN or infinite score from the reward function: null stops the run with an error naming the function, the
+    data_source and the sample; a number replaces the score (each replacement counted in
+    reward/non_finite_count)."""
     model: dict = field(default_factory=lambda: {"path": None})
     """verl key (reward models are not supported yet)."""
     micro_batch_size_per_gpu: Optional[int] = None
@@ -491,8 +518,9 @@ class TrainerConfig:
     """Nodes."""
     n_gpus_per_node: int = 2
     """Workers per node (GPUs, or CPU processes with device=cpu)."""
-    device: str = "cpu"
-    """cuda | cpu (gloo)."""
+    device: str = "auto"
+    """auto | cuda (nccl) | cpu (gloo). auto: cuda when the driver sees a GPU, else cpu (a driver joining a cluster
+    from a machine without GPUs must say cuda)."""
     save_freq: int = -1
     """Save a checkpoint every N steps (-1: never)."""
     resume_mode: str = "auto"
@@ -508,7 +536,8 @@ class TrainerConfig:
     critic_warmup: int = 0
     """Steps that update only the critic."""
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    """Checkpoint root."""
+    """Checkpoint and log root (a relative path is relative to the driver's working directory; a `ray job submit`
+    job needs an absolute one)."""
     default_hdfs_dir: Optional[str] = None
     """verl key (not supported yet)."""
     del_local_ckpt_after_load: bool = False
@@ -517,6 +546,13 @@ class TrainerConfig:
     """Keep at most this many actor checkpoints (null: all)."""
     max_critic_ckpt_to_keep: Optional[int] = None
     """Keep at most this many critic checkpoints (null: all)."""
+    on_damaged_checkpoint: str = "previous"
+    """Resume when the newest checkpoint fails its checksums (COMPLETE records one per file): previous (resume from
+    the newest earlier checkpoint that verifies; the damaged file is reported) | error (stop)."""
+    max_consecutive_skipped_steps: int = 3
+    """Stop the run (non-zero exit) after this many consecutive training steps whose optimizer step was skipped
+    for a non-finite gradient norm (actor or critic; counted in actor/skipped_steps, critic/skipped_steps).
+    0: never stop."""
     rollout_data_dir: Optional[str] = None
     """verl key (not supported yet)."""
     validation_data_dir: Optional[str] = None
@@ -528,7 +564,8 @@ class TrainerConfig:
 @dataclass
 class RayInitConfig:
     address: Optional[str] = None
-    """Ray cluster address; null: RAY_ADDRESS if set, else a local Ray."""
+    """Ray cluster to join: auto (the cluster `ray start` started on this machine) or <head-ip>:6379; null:
+    RAY_ADDRESS if set, else a new local Ray (never one found in Ray's temp folder)."""
     num_cpus: Optional[int] = None
     """CPUs of a local Ray (null: all)."""
     timeline_json_file: Optional[str] = None
@@ -561,27 +598,21 @@ NOT_SUPPORTED: dict[str, Any] = {
     "data.return_raw_input_ids": False,
     "data.return_full_prompt": False,
     "data.validation_shuffle": False,
-    "actor_rollout_ref.model.use_remove_padding": False,
     "actor_rollout_ref.model.use_shm": False,
     "actor_rollout_ref.model.lora_rank": 0,
     "actor_rollout_ref.model.use_liger": False,
-    "actor_rollout_ref.model.use_fused_kernels": False,
-    "actor_rollout_ref.actor.use_dynamic_bsz": False,
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": False,
     "actor_rollout_ref.actor.entropy_checkpointing": False,
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": -1,
     "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
-    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": False,
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.rollout.mode": "sync",
     "actor_rollout_ref.rollout.layered_summon": False,
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": False,
-    "critic.model.use_remove_padding": False,
     "critic.model.use_shm": False,
     "critic.model.lora_rank": 0,
     "critic.model.fsdp_config.fsdp_size": -1,
-    "critic.use_dynamic_bsz": False,
     "critic.ulysses_sequence_parallel_size": 1,
     "reward_model.enable": False,
     "reward_model.launch_reward_fn_async": False,

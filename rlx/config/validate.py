@@ -16,6 +16,8 @@ STRATEGIES = ("fsdp", "fsdp2")
 ROLLOUT_NAMES = ("auto", "vllm", "hf")
 TRUNCATIONS = ("error", "left", "right", "middle")
 LOGGERS = ("console", "tensorboard", "wandb")
+MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
+DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 
 
 def _get(cfg, dotted: str):
@@ -109,24 +111,50 @@ def _check_batch_sizes(cfg, errors):
             errors.append(f"{prefix}.ppo_mini_batch_size * rollout.n = {mini}*{n} = {mini * n} sequences must divide "
                           f"across world size {ws}; change {prefix}.ppo_mini_batch_size or trainer.n_gpus_per_node.")
             continue
-        per_rank = mini * n // ws
-        if micro is None or micro <= 0 or per_rank % micro:
-            errors.append(f"{prefix}.ppo_micro_batch_size_per_gpu={micro} must be positive and divide the per-rank "
-                          f"mini-batch ({prefix}.ppo_mini_batch_size {mini} * rollout.n {n} / world size {ws} = "
-                          f"{per_rank} sequences); e.g. {prefix}.ppo_micro_batch_size_per_gpu="
-                          f"{_largest_divisor(per_rank, micro or per_rank)}.")
-    for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+        # micro-batches need not divide the mini-batch (the last one may be smaller; gradients stay exact)
+        if role.use_dynamic_bsz:
+            _positive(errors, f"{prefix}.ppo_max_token_len_per_gpu", role.ppo_max_token_len_per_gpu,
+                      f"(the token budget of {prefix}.use_dynamic_bsz=True)")
+        elif micro is None or micro <= 0:
+            errors.append(f"{prefix}.ppo_micro_batch_size_per_gpu={micro!r} must be a positive integer (or set "
+                          f"{prefix}.use_dynamic_bsz=True with {prefix}.ppo_max_token_len_per_gpu).")
+    for prefix, dyn in (("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz"),
+                        ("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz")):
+        if _get(cfg, f"{prefix}.{dyn}"):
+            _positive(errors, f"{prefix}.log_prob_max_token_len_per_gpu",
+                      _get(cfg, f"{prefix}.log_prob_max_token_len_per_gpu"), f"(the token budget of {prefix}.{dyn})")
+            continue
+        key = f"{prefix}.log_prob_micro_batch_size_per_gpu"
         value = _get(cfg, key)
         if value is None or value <= 0:
-            errors.append(f"{key}={value!r} must be a positive integer.")
+            errors.append(f"{key}={value!r} must be a positive integer (or set {prefix}.{dyn}=True).")
+    if cfg.algorithm.adv_estimator == "gae":
+        c = cfg.critic
+        if c.use_dynamic_bsz:
+            _positive(errors, "critic.forward_max_token_len_per_gpu", c.forward_max_token_len_per_gpu,
+                      "(the token budget of critic.use_dynamic_bsz=True)")
+        elif c.forward_micro_batch_size_per_gpu is None or c.forward_micro_batch_size_per_gpu <= 0:
+            errors.append(f"critic.forward_micro_batch_size_per_gpu={c.forward_micro_batch_size_per_gpu!r} must be a "
+                          f"positive integer.")
     for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size"):
         if _get(cfg, key) is not None:
             errors.append(f"{key} is deprecated in verl and not supported by rlx; use {key}_per_gpu.")
 
 
-def _largest_divisor(n: int, at_most: int) -> int:
-    return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
+def _positive(errors, key, value, what=""):
+    if value is None or value <= 0:
+        errors.append(f"{key}={value!r} must be a positive integer {what}.".replace(" .", "."))
+
+
+def _check_long_sequences(cfg, errors):
+    """The fused head's chunk and the MLP tile sizes."""
+    model = cfg.actor_rollout_ref.model
+    if model.use_fused_kernels:
+        _positive(errors, "actor_rollout_ref.model.fused_kernel_options.chunk_size",
+                  model.fused_kernel_options.chunk_size, "(tokens per chunk of the fused head)")
+    for key in ("actor_rollout_ref.model.tile_mlp_tokens", "critic.model.tile_mlp_tokens"):
+        if _get(cfg, key) < 0:
+            errors.append(f"{key}={_get(cfg, key)} must be >= 0 (0 turns MLP tiling off).")
 
 
 def _check_algorithm(cfg, errors):
@@ -179,8 +207,12 @@ def _check_data_trainer(cfg, errors):
         if _get(cfg, key) <= 0:
             errors.append(f"{key} must be positive, got {_get(cfg, key)}.")
     t = cfg.trainer
-    _choice(errors, "trainer.device", t.device, ("cpu", "cuda"))
+    _choice(errors, "trainer.device", t.device, ("cpu", "cuda"))  # `auto` is resolved at load (rlx.config.device)
     _choice(errors, "trainer.resume_mode", t.resume_mode, ("auto", "disable", "resume_path"))
+    _choice(errors, "trainer.on_damaged_checkpoint", t.on_damaged_checkpoint, ("previous", "error"))
+    if t.max_consecutive_skipped_steps < 0:
+        errors.append(f"trainer.max_consecutive_skipped_steps={t.max_consecutive_skipped_steps} must be >= 0 "
+                      f"(0: never stop on skipped steps).")
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>.")
     loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
@@ -193,15 +225,68 @@ def _check_data_trainer(cfg, errors):
         errors.append(f"trainer.total_training_steps={t.total_training_steps} must be positive or null.")
 
 
+def _check_device(cfg, errors):
+    from rlx.config.device import fsdp_configs, joins_cluster, visible_gpu_count
+
+    t = cfg.trainer
+    for prefix, fsdp_cfg in fsdp_configs(cfg).items():
+        for k, v in (fsdp_cfg.mixed_precision or {}).items():
+            if k not in MIXED_PRECISION_KEYS:
+                errors.append(f"{prefix}.mixed_precision.{k} is not a mixed-precision key; choose one of "
+                              f"{list(MIXED_PRECISION_KEYS)}.")
+            elif v not in DTYPE_NAMES:
+                errors.append(f"{prefix}.mixed_precision.{k}={v!r} is not valid; choose one of {list(DTYPE_NAMES)}.")
+    if t.device != "cuda" or joins_cluster(cfg):  # a cluster's GPUs are checked when the workers are placed
+        return
+    gpus = visible_gpu_count()
+    if gpus == 0:
+        errors.append("trainer.device=cuda but this machine has no GPU (torch.cuda.is_available() is False and "
+                      "nvidia-smi lists none). Fix: trainer.device=cpu (or auto), or join a GPU cluster with "
+                      "ray_init.address=<head-ip>:6379.")
+    elif t.nnodes > 1:
+        errors.append(f"trainer.nnodes={t.nnodes} needs a Ray cluster of that many nodes; this run starts a local "
+                      f"Ray. Fix: ray_init.address=<head-ip>:6379 (or submit it with `ray job submit`), or "
+                      f"trainer.nnodes=1.")
+    elif t.n_gpus_per_node > gpus:
+        errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} but this machine has {gpus} GPU(s). Fix: "
+                      f"trainer.n_gpus_per_node={gpus}.")
+
+
+def in_ray_job() -> bool:
+    """True in the driver of a `ray job submit` job (the job supervisor sets this variable)."""
+    return "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
+
+
+def _check_output_paths(cfg, errors):
+    """Under `ray job submit` the driver's working directory is Ray's temporary copy of --working-dir, deleted when
+    the job ends: whatever the job writes must go to an absolute path."""
+    if not in_ray_job():
+        return
+    t = cfg.trainer
+    paths = {"trainer.default_local_dir": t.default_local_dir, "trainer.resume_from_path": t.resume_from_path}
+    loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
+    env_keys = ["TENSORBOARD_DIR"] + (["WANDB_DIR"] if "wandb" in loggers else [])
+    paths.update({f"the environment variable {k}": os.environ.get(k) for k in env_keys})
+    for key, path in paths.items():
+        if path and not os.path.isabs(os.path.expanduser(path)):
+            errors.append(f"{key}={path!r} is a relative path, and this driver runs as a Ray job in Ray's temporary "
+                          f"copy of the working dir ({os.getcwd()}), deleted when the job ends. Fix: give an "
+                          f"absolute path on the head node (or shared storage), e.g. {key.split()[-1]}="
+                          f"/abs/path/{path.lstrip('./')}.")
+
+
 def validate_config(cfg: RLXConfig) -> None:
     errors: list[str] = []
     _check_not_supported(cfg, errors)
     _check_offload(cfg, errors)
     _check_strategies(cfg, errors)
     _check_batch_sizes(cfg, errors)
+    _check_long_sequences(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_rollout(cfg, errors)
     _check_data_trainer(cfg, errors)
+    _check_device(cfg, errors)
+    _check_output_paths(cfg, errors)
     if errors:
         # de-duplicate, keep order
         seen = list(dict.fromkeys(errors))

@@ -34,6 +34,7 @@ __all__ = [
     "compute_rloo_outcome_advantage",
     "compute_advantage",
     "agg_loss",
+    "loss_norm_count",
     "compute_policy_loss",
     "compute_value_loss",
     "compute_entropy_loss",
@@ -261,22 +262,47 @@ def compute_advantage(
 # ---------------------------------------------------------------------------------------------------
 # losses
 # ---------------------------------------------------------------------------------------------------
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str,
+             global_norm: Optional[float] = None) -> torch.Tensor:
     """Reduce a ``[B, T]`` loss matrix to a scalar according to ``actor.loss_agg_mode``.
 
     * ``token-mean``: mean over all valid tokens of the batch.
     * ``seq-mean-token-sum``: per-sequence sum over valid tokens, then mean over the ``B`` sequences.
     * ``seq-mean-token-mean``: per-sequence mean over valid tokens, then mean over the sequences that
       have at least one valid token (0 if none has).
+
+    With ``global_norm`` (see ``loss_norm_count``: the count of the whole mini-batch that this batch is one
+    micro-batch of), the sum over this micro-batch is divided by it instead of by the micro-batch's own count.
+    The micro-batches' results then add up to the mini-batch's loss, and so do their gradients, whatever
+    the split.
     """
     m = _as_bool_mask(loss_mask)
     if loss_agg_mode == "token-mean":
-        return masked_mean(loss_mat, m)
+        per_unit = loss_mat
+    elif loss_agg_mode == "seq-mean-token-sum":
+        per_unit = masked_sum(loss_mat, m, dim=-1)
+    elif loss_agg_mode == "seq-mean-token-mean":
+        per_unit = masked_mean(loss_mat, m, dim=-1)
+    else:
+        raise ValueError(f"Unknown actor.loss_agg_mode={loss_agg_mode!r}; valid choices: {list(LOSS_AGG_MODES)}")
+    unit_mask = m if loss_agg_mode == "token-mean" else (
+        torch.ones(m.shape[0], dtype=torch.bool, device=m.device) if loss_agg_mode == "seq-mean-token-sum"
+        else m.any(dim=-1))
+    if global_norm is None:
+        return masked_mean(per_unit, unit_mask)
+    return masked_sum(per_unit, unit_mask) / max(float(global_norm), 1.0)
+
+
+def loss_norm_count(loss_mask: torch.Tensor, loss_agg_mode: str) -> int:
+    """What ``agg_loss`` averages over, counted in this batch: valid tokens (token-mean), sequences
+    (seq-mean-token-sum) or sequences with at least one valid token (seq-mean-token-mean)."""
+    m = _as_bool_mask(loss_mask)
+    if loss_agg_mode == "token-mean":
+        return int(m.sum())
     if loss_agg_mode == "seq-mean-token-sum":
-        return masked_sum(loss_mat, m, dim=-1).mean()
+        return int(m.shape[0])
     if loss_agg_mode == "seq-mean-token-mean":
-        seq_losses = masked_mean(loss_mat, m, dim=-1)
-        return masked_mean(seq_losses, m.any(dim=-1))
+        return int(m.any(dim=-1).sum())
     raise ValueError(f"Unknown actor.loss_agg_mode={loss_agg_mode!r}; valid choices: {list(LOSS_AGG_MODES)}")
 
 
@@ -290,6 +316,7 @@ def compute_policy_loss(
     cliprange_high: Optional[float] = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    global_norm: Optional[float] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and dual clip.
 
@@ -327,7 +354,7 @@ def compute_policy_loss(
     pg_clipfrac_lower = masked_mean(((clip_loss > loss_dual_bound) & negative).to(ratio.dtype), m)
 
     pg_losses = torch.where(negative, dual_clip_loss, clip_loss)
-    pg_loss = agg_loss(pg_losses, m, loss_agg_mode)
+    pg_loss = agg_loss(pg_losses, m, loss_agg_mode, global_norm)
     return pg_loss, pg_clipfrac.detach(), ppo_kl.detach(), pg_clipfrac_lower.detach()
 
 
@@ -338,6 +365,7 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
+    global_norm: Optional[float] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss: ``0.5 * agg(max((v - R)^2, (clip(v, V_old - c, V_old + c) - R)^2))``.
 
@@ -348,7 +376,7 @@ def compute_value_loss(
     vpred_clipped = torch.maximum(torch.minimum(vpreds, values + cliprange_value), values - cliprange_value)
     loss_unclipped = (vpreds - returns) ** 2
     loss_clipped = (vpred_clipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(torch.maximum(loss_unclipped, loss_clipped), m, loss_agg_mode)
+    vf_loss = 0.5 * agg_loss(torch.maximum(loss_unclipped, loss_clipped), m, loss_agg_mode, global_norm)
     vf_clipfrac = masked_mean((loss_clipped > loss_unclipped).to(vpreds.dtype), m)
     return vf_loss, vf_clipfrac.detach()
 

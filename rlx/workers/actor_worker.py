@@ -65,14 +65,19 @@ class ActorRolloutRefWorker(Worker):
         return out
 
     def compute_log_prob(self, batch: Batch) -> Batch:
-        mbs = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
-        out = self.actor.compute_log_prob(batch, mbs, with_entropy=False)
+        r = self.cfg.actor_rollout_ref.rollout
+        out = self.actor.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu, with_entropy=False,
+                                          max_token_len=r.log_prob_max_token_len_per_gpu
+                                          if r.log_prob_use_dynamic_bsz else None)
         return Batch({"old_log_probs": out["log_probs"]})
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         assert self.ref is not None, "ref model requested but no KL term is configured"
-        mbs = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
-        return Batch({"ref_log_prob": self.ref.compute_log_prob(batch, mbs)["log_probs"]})
+        r = self.cfg.actor_rollout_ref.ref
+        out = self.ref.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu,
+                                        max_token_len=r.log_prob_max_token_len_per_gpu
+                                        if r.log_prob_use_dynamic_bsz else None)
+        return Batch({"ref_log_prob": out["log_probs"]})
 
     def update_actor(self, batch: Batch) -> dict:
         return self.actor.update_policy(batch)

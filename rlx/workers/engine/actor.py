@@ -1,99 +1,80 @@
 """Policy engine (actor or ref): log-probs and the PPO policy update. Plain Python, no Ray."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from rlx.protocol import Batch
 from rlx.trainer import core_algos
-from rlx.workers.engine.base import FSDPEngine, device_memory_metrics, split_mini_micro
+from rlx.workers.engine.base import FSDPEngine, UpdateSpec
 
 
 class ActorEngine(FSDPEngine):
-    """`role="actor"` trains (needs actor_cfg); `role="ref"` only computes log-probs (no optimizer, no offload)."""
+    """`role="actor"` trains (needs actor_cfg); `role="ref"` only computes log-probs (no optimizer, no offload).
+
+    Log-probs (and entropy) come from the model's head evaluated at the response tokens only; with
+    `model.use_fused_kernels` in chunks of `model.fused_kernel_options.chunk_size` tokens, never holding
+    `[tokens, vocab]` logits (see `rlx.ops.log_prob_head`).
+    """
 
     def __init__(self, *, role: str, model_cfg, actor_cfg, fsdp_cfg, strategy: str, device, world_size: int,
                  rollout_n: int, temperature: float, total_steps: int = 1):
         self.actor_cfg, self.world_size, self.rollout_n, self.temperature = actor_cfg, world_size, rollout_n, temperature
+        self.fused = model_cfg.use_fused_kernels
         super().__init__(role=role, model_cfg=model_cfg, strategy=strategy, fsdp_cfg=fsdp_cfg, device=device,
-                         optim_cfg=actor_cfg.optim if role == "actor" else None, total_steps=total_steps)
+                         optim_cfg=actor_cfg.optim if role == "actor" else None, total_steps=total_steps,
+                         head_chunk_size=model_cfg.fused_kernel_options.chunk_size if self.fused else None)
 
     def _log_probs(self, mb: Batch, with_entropy: bool):
-        resp_len = mb["responses"].shape[1]
-        logits = self.forward_logits(mb)[:, -resp_len - 1:-1].float()
-        logits = logits / self.temperature
-        responses = mb["responses"].to(self.device)
-        log_probs = core_algos.logprobs_from_logits(logits, responses)
-        entropy = None
-        if with_entropy:
-            entropy = core_algos.entropy_from_logits(logits)
-        return log_probs, entropy
+        return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy)
 
-    @torch.no_grad()
-    def compute_log_prob(self, batch: Batch, micro_batch_size: int, with_entropy: bool = False) -> Batch:
-        """Per-token log-probs of `responses` (eval mode, no grad; activation offload untouched)."""
-        self.train_mode(False)
-        outs, ents = [], []
-        with self.phase():
-            for mb in batch.split(micro_batch_size):
-                lp, ent = self._log_probs(mb, with_entropy)
-                outs.append(lp.cpu())
-                if with_entropy:
-                    ents.append(ent.cpu())
-        tensors = {"log_probs": torch.cat(outs)}
-        if with_entropy:
-            tensors["entropys"] = torch.cat(ents)
-        return Batch(tensors)
+    def compute_log_prob(self, batch: Batch, micro_batch_size: Optional[int], with_entropy: bool = False,
+                         max_token_len: Optional[int] = None) -> Batch:
+        """Per-token log-probs of `responses` (eval mode, no grad; activation offload untouched), in micro-batches
+        of `micro_batch_size` rows or, with `max_token_len`, of at most that many tokens (dynamic batch size)."""
+        def fn(mb):
+            lp, ent = self._log_probs(mb, with_entropy)
+            return {"log_probs": lp, **({"entropys": ent} if with_entropy else {})}
+
+        return self.forward_batch(batch, micro_batch_size, max_token_len, fn)
 
     def update_policy(self, batch: Batch) -> dict:
-        """PPO clipped policy update over mini-batches and micro-batches (grad accumulation)."""
+        """PPO clipped policy update (+ entropy bonus, + KL loss) over mini- and micro-batches."""
         cfg = self.actor_cfg
-        self.train_mode(True)
-        mini = cfg.ppo_mini_batch_size * self.rollout_n // self.world_size
-        micro = cfg.ppo_micro_batch_size_per_gpu
-        metrics: dict[str, list[float]] = {}
+        need_entropy = cfg.entropy_coeff != 0
+        spec = UpdateSpec(prefix="actor", mini_size=cfg.ppo_mini_batch_size * self.rollout_n // self.world_size,
+                          micro_size=cfg.ppo_micro_batch_size_per_gpu,
+                          max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
+                          epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, seed=cfg.data_loader_seed or 0,
+                          grad_clip=cfg.grad_clip, loss_agg_mode=cfg.loss_agg_mode)
 
-        def add(k, v):
-            metrics.setdefault(k, []).append(float(v))
+        def loss_fn(mb: Batch, norm: float):
+            mask = mb["response_mask"].to(self.device).float()
+            # the fused head gives the entropy from the same pass at little cost: always log the real one
+            log_prob, entropy = self._log_probs(mb, with_entropy=need_entropy or self.fused)
+            pg_loss, clipfrac, ppo_kl, clipfrac_lower = core_algos.compute_policy_loss(
+                old_log_prob=mb["old_log_probs"].to(self.device), log_prob=log_prob,
+                advantages=mb["advantages"].to(self.device), response_mask=mask,
+                cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low, cliprange_high=cfg.clip_ratio_high,
+                clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode, global_norm=norm)
+            loss, shares = pg_loss, {"actor/pg_loss": pg_loss.detach()}
+            means = {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl, "actor/pg_clipfrac_lower": clipfrac_lower}
+            if entropy is not None:
+                entropy_loss = core_algos.agg_loss(entropy if need_entropy else entropy.detach(), mask,
+                                                   cfg.loss_agg_mode, norm)
+                shares["actor/entropy"] = entropy_loss.detach()
+                if need_entropy:
+                    loss = loss - cfg.entropy_coeff * entropy_loss
+            else:  # full-logits head without an entropy term: log the mean negative log-prob instead
+                shares["actor/entropy"] = core_algos.agg_loss(-log_prob.detach(), mask, cfg.loss_agg_mode, norm)
+            if cfg.use_kl_loss:
+                kld = core_algos.kl_penalty(log_prob, mb["ref_log_prob"].to(self.device), cfg.kl_loss_type,
+                                            key="actor_rollout_ref.actor.kl_loss_type")
+                kl_loss = core_algos.agg_loss(kld, mask, cfg.loss_agg_mode, norm)
+                loss = loss + cfg.kl_loss_coef * kl_loss
+                shares["actor/kl_loss"] = kl_loss.detach()
+                means["actor/kl_coef"] = cfg.kl_loss_coef
+            return loss, shares, means
 
-        with self.phase(with_optimizer=True):
-            for _, micro_batches in split_mini_micro(batch, mini, micro, cfg.ppo_epochs, cfg.shuffle,
-                                                     cfg.data_loader_seed or 0):
-                for mb in micro_batches:
-                    mask = mb["response_mask"].to(self.device).float()
-                    with self.micro_batch_context():
-                        need_entropy = cfg.entropy_coeff != 0
-                        log_prob, entropy = self._log_probs(mb, with_entropy=need_entropy)
-                        pg_loss, clipfrac, ppo_kl, clipfrac_lower = core_algos.compute_policy_loss(
-                            old_log_prob=mb["old_log_probs"].to(self.device), log_prob=log_prob,
-                            advantages=mb["advantages"].to(self.device), response_mask=mask,
-                            cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low,
-                            cliprange_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-                            loss_agg_mode=cfg.loss_agg_mode)
-                        loss = pg_loss
-                        if need_entropy:
-                            entropy_loss = core_algos.agg_loss(entropy, mask, cfg.loss_agg_mode)
-                            loss = loss - cfg.entropy_coeff * entropy_loss
-                            add("actor/entropy", entropy_loss.detach())
-                        if cfg.use_kl_loss:
-                            kld = core_algos.kl_penalty(log_prob, mb["ref_log_prob"].to(self.device),
-                                                        cfg.kl_loss_type, key="actor_rollout_ref.actor.kl_loss_type")
-                            kl_loss = core_algos.agg_loss(kld, mask, cfg.loss_agg_mode)
-                            loss = loss + cfg.kl_loss_coef * kl_loss
-                            add("actor/kl_loss", kl_loss.detach())
-                            add("actor/kl_coef", cfg.kl_loss_coef)
-                        (loss / len(micro_batches)).backward()
-                    add("actor/pg_loss", pg_loss.detach())
-                    add("actor/pg_clipfrac", clipfrac)
-                    add("actor/ppo_kl", ppo_kl)
-                    add("actor/pg_clipfrac_lower", clipfrac_lower)
-                    if not need_entropy:
-                        with torch.no_grad():
-                            add("actor/entropy", core_algos.agg_loss(-log_prob.detach(), mask, cfg.loss_agg_mode))
-                for k, v in self.optimizer_step(cfg.grad_clip).items():
-                    add(f"actor/{k}", v)
-            self.lr_scheduler.step()
-        out = {k: sum(v) / len(v) for k, v in metrics.items()}
-        out["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
-        out.update(device_memory_metrics(self.device, "update_actor"))
-        out.update(self.offload_metrics("update_actor"))
-        return out
+        return self.run_update(batch, spec, loss_fn)

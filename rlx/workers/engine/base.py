@@ -1,13 +1,20 @@
-"""Shared plumbing of the actor and critic engines: build + wrap a model, micro-batch loop, offload phases."""
+"""Shared plumbing of the actor and critic engines: build + wrap a model, the update skeleton (mini-batches,
+micro-batches, exact gradient accumulation, optimizer step), offload phases."""
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from rlx.protocol import Batch
+from rlx.trainer import core_algos
 from rlx.workers.engine import fsdp as F
+from rlx.workers.engine.heads import apply_token_head, packed_attn_implementation
+from rlx.workers.engine.packing import micro_batches, restore_order, token_inputs
 
 log = logging.getLogger("rlx")
 
@@ -19,14 +26,23 @@ class FSDPEngine:
     """
 
     def __init__(self, *, role: str, model_cfg, strategy: str, fsdp_cfg, device: torch.device,
-                 optim_cfg=None, total_steps: int = 1, dtype: str | None = None):
+                 optim_cfg=None, total_steps: int = 1, dtype: str | None = None, head_chunk_size: Optional[int] = None):
         self.role, self.device, self.fsdp_cfg = role, device, fsdp_cfg
+        self.remove_padding = model_cfg.use_remove_padding
         dtype = dtype or fsdp_cfg.model_dtype
+        attn = packed_attn_implementation(device.type) if self.remove_padding else "sdpa"
         model = F.build_hf_model(model_cfg.path, "critic" if role == "critic" else "actor", F.DTYPES[dtype],
                                  override_config=model_cfg.override_config,
                                  trust_remote_code=model_cfg.trust_remote_code,
-                                 external_lib=getattr(model_cfg, "external_lib", None))
+                                 external_lib=model_cfg.external_lib, attn_implementation=attn)
         self.num_layers = model.config.num_hidden_layers
+        # the head only where a response token is scored; chunked (never [tokens, vocab]) with head_chunk_size
+        apply_token_head(model, role, head_chunk_size)
+        if model_cfg.tile_mlp_tokens > 0:
+            from rlx.offload import find_decoder_layers
+            from rlx.ops.tiled_mlp import apply_tiled_mlp
+
+            apply_tiled_mlp(find_decoder_layers(model), model_cfg.tile_mlp_tokens)
         trains = optim_cfg is not None
         offload = trains and bool(getattr(model_cfg, "enable_activation_offload", False))
         ckpt = trains and model_cfg.enable_gradient_checkpointing
@@ -91,11 +107,84 @@ class FSDPEngine:
         return self.offloader.activate() if self.offloader is not None else contextlib.nullcontext()
 
     # ---- forward -----------------------------------------------------------------------------------
-    def forward_logits(self, mb: Batch) -> torch.Tensor:
-        out = self.module(input_ids=mb["input_ids"].to(self.device),
-                          attention_mask=mb["attention_mask"].to(self.device),
-                          position_ids=mb["position_ids"].to(self.device), use_cache=False)
-        return out.logits
+    def forward_tokens(self, mb: Batch, **head_kwargs):
+        """The head's outputs for `mb`'s response tokens as `[rows, R]` tensors (zeros at response padding):
+        `(log_probs, entropy | None)` for actor/ref (pass temperature, with_entropy), `values` for the critic."""
+        ti = token_inputs(mb, self.device, self.remove_padding)
+        out = self.module(**ti.kwargs, **head_kwargs)
+        if isinstance(out, tuple):
+            return tuple(None if o is None else ti.scatter(o) for o in out)
+        return ti.scatter(out)
+
+    def agree_max(self, n: int) -> int:
+        """The max of `n` over this engine's data-parallel ranks (every rank must run as many micro-batches)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return n
+        t = torch.tensor([n], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _global_sum(self, x: float) -> float:
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    @torch.no_grad()
+    def forward_batch(self, batch: Batch, micro_size: Optional[int], max_tokens: Optional[int],
+                      fn: Callable[[Batch], dict]) -> Batch:
+        """Eval-mode, no-grad forward of `batch` in micro-batches (by count, or by token budget with
+        `max_tokens`); `fn(mb) -> {name: [rows, ...] tensor}`; rows come back in the batch's order."""
+        self.train_mode(False)
+        outs = []
+        with self.phase():
+            mbs, perm = micro_batches(batch, micro_size, max_tokens, agree=self.agree_max)
+            for mb in mbs:
+                outs.append(Batch({k: v.cpu() for k, v in fn(mb).items()}))
+        return restore_order(Batch.concat(outs), perm)
+
+    def run_update(self, batch: Batch, spec: "UpdateSpec", loss_fn) -> dict:
+        """The update skeleton shared by actor and critic: for each PPO epoch and mini-batch, micro-batches (by
+        count or token budget) run forward + backward inside the offload context; their losses are scaled so
+        that the accumulated gradient is the whole mini-batch's (`core_algos.agg_loss` with the mini-batch's
+        count, summed over data-parallel ranks), whatever the split; then one clipped optimizer step.
+
+        `loss_fn(mb, global_norm) -> (loss, shares, means)`: `shares` are loss terms scaled like `loss` (summed per
+        mini-batch, which gives the mini-batch's value), `means` per-micro-batch statistics. Returns the
+        metrics averaged over mini-batches / micro-batches."""
+        self.train_mode(True)
+        metrics: dict[str, list[float]] = {}
+
+        def add(k, v):
+            metrics.setdefault(k, []).append(float(v))
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        with self.phase(with_optimizer=True):
+            for mini in split_minis(batch, spec.mini_size, spec.epochs, spec.shuffle, spec.seed):
+                mbs, _ = micro_batches(mini, spec.micro_size, spec.max_tokens, agree=self.agree_max)
+                count = sum(core_algos.loss_norm_count(mb["response_mask"], spec.loss_agg_mode) for mb in mbs)
+                # FSDP averages gradients over ranks, so each rank divides by its share of the global count
+                norm = self._global_sum(count) / world
+                mini: dict[str, float] = {}
+                for mb in mbs:
+                    with self.micro_batch_context():
+                        loss, shares, means = loss_fn(mb, norm)
+                        loss.backward()
+                    for k, v in shares.items():
+                        mini[k] = mini.get(k, 0.0) + float(v)
+                    for k, v in means.items():
+                        add(k, v)
+                for k, v in mini.items():
+                    add(k, v)
+                for k, v in self.optimizer_step(spec.grad_clip).items():
+                    add(f"{spec.prefix}/{k}", v)
+            self.lr_scheduler.step()
+        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out[f"{spec.prefix}/lr"] = self.lr_scheduler.get_last_lr()[0]
+        out.update(device_memory_metrics(self.device, f"update_{spec.prefix}"))
+        out.update(self.offload_metrics(f"update_{spec.prefix}"))
+        return out
 
     def optimizer_step(self, grad_clip: float) -> dict:
         grad_norm = F.clip_grad_norm(self.module, grad_clip)
@@ -110,15 +199,38 @@ class FSDPEngine:
         self.module.train(training)
 
 
-def split_mini_micro(batch: Batch, mini_size: int, micro_size: int, epochs: int, shuffle: bool, seed: int):
-    """Yield (mini-batch index, list of micro-batches) for each PPO epoch and mini-batch."""
+@dataclass
+class UpdateSpec:
+    """How one role's update splits its batch (verl's keys, resolved per rank)."""
+
+    prefix: str
+    """Metric prefix: actor | critic."""
+    mini_size: int
+    """Rows per mini-batch (one optimizer step) on this rank."""
+    micro_size: Optional[int]
+    """Rows per micro-batch (the last may be smaller); unused with max_tokens."""
+    max_tokens: Optional[int]
+    """Token budget per micro-batch (dynamic batch size), or None."""
+    epochs: int
+    """PPO epochs over the batch."""
+    shuffle: bool
+    """Shuffle rows between epochs."""
+    seed: int
+    """Seed of that shuffle."""
+    grad_clip: float
+    """Max gradient norm."""
+    loss_agg_mode: str
+    """How the loss is averaged (tokens or sequences): sets the micro-batches' weights."""
+
+
+def split_minis(batch: Batch, mini_size: int, epochs: int, shuffle: bool, seed: int):
+    """Yield the mini-batches of each PPO epoch (rows shuffled per epoch with `shuffle`)."""
     for epoch in range(epochs):
         data = batch
         if shuffle:
             g = torch.Generator().manual_seed(seed + epoch)
             data = batch.index(torch.randperm(len(batch), generator=g))
-        for i, mini in enumerate(data.split(mini_size)):
-            yield i, mini.split(micro_size)
+        yield from data.split(mini_size)
 
 
 def device_memory_metrics(device: torch.device, phase: str) -> dict:

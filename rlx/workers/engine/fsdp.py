@@ -42,7 +42,8 @@ def decoder_layer_classes(model: nn.Module) -> tuple[type, ...]:
 
 
 def build_hf_model(path: str, role: str, dtype: torch.dtype, override_config: dict | None = None,
-                   trust_remote_code: bool = False, external_lib: str | None = None) -> nn.Module:
+                   trust_remote_code: bool = False, external_lib: str | None = None,
+                   attn_implementation: str = "sdpa") -> nn.Module:
     """Load an HF causal LM (actor/ref) or a token-classification model with one label (critic)."""
     import importlib
 
@@ -57,7 +58,8 @@ def build_hf_model(path: str, role: str, dtype: torch.dtype, override_config: di
     for k, v in (override_config or {}).items():
         setattr(config, k, v)
     config.use_cache = False
-    kwargs = dict(config=config, torch_dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation="sdpa")
+    kwargs = dict(config=config, torch_dtype=dtype, trust_remote_code=trust_remote_code,
+                  attn_implementation=attn_implementation)
     if role == "critic":
         config.num_labels = 1
         config.classifier_dropout = 0.0

@@ -1,0 +1,108 @@
+"""What the engines ask of the HF model: per-token outputs at chosen positions only, never the full logits.
+
+`apply_token_head(model, role, chunk_size)` replaces the forward of the (unwrapped) HF model, before FSDP wraps
+it, with one that runs the decoder, picks the hidden states at `index` (flat positions of `[rows, seq]`) and
+applies the head there:
+
+* actor / ref (`AutoModelForCausalLM`): log-prob of `targets` (and entropy when asked) at temperature `T`,
+  through `rlx.ops.log_prob_head`: the chunked head never materialises `[tokens, vocab]` logits when
+  `chunk_size > 0` (`model.use_fused_kernels`), else the full-logits path;
+* critic (`AutoModelForTokenClassification` with one label): the value.
+
+The replaced forward is the module's own forward, so FSDP1/FSDP2 gather and free the head's parameters around
+it as they do around any forward, and the outputs are the root module's outputs (their backward hooks fire).
+
+Packed rows (remove padding): several sequences in one row, `position_ids` restarting at 0 for each. The
+attention must not cross sequences; `cu_seq_lens` (`[n + 1]` int32 offsets) in the forward's kwargs tell it
+where they start. With flash-attn installed (CUDA) transformers' varlen path reads them; otherwise
+`rlx_packed_sdpa` (registered here) runs PyTorch's SDPA causally on each sequence of the row.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PACKED_SDPA = "rlx_packed_sdpa"
+
+
+def _packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers attention interface: causal SDPA on each packed sequence (`cu_seq_lens_q`), else plain SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    assert query.shape[0] == 1, "packed rows hold one row"
+    groups = query.shape[1] // key.shape[1]
+    bounds = cu.tolist()
+    outs = []
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        k, v = key[:, :, s:e], value[:, :, s:e]
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        outs.append(F.scaled_dot_product_attention(query[:, :, s:e], k, v, dropout_p=dropout if module.training else 0.0,
+                                                   is_causal=True, scale=scaling))
+    out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_packed_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(PACKED_SDPA, _packed_sdpa)
+    AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
+
+
+def packed_attn_implementation(device_type: str) -> str:
+    """flash_attention_2 where flash-attn is installed on CUDA (its varlen kernel), else rlx's per-sequence SDPA."""
+    if device_type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    register_packed_attention()
+    return PACKED_SDPA
+
+
+def _mask_mapping(model: nn.Module) -> dict:
+    """Per-layer-type masks of None: a packed row needs no mask tensor (the attention reads cu_seq_lens)."""
+    types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+    return {t: None for t in types | {"full_attention"}}
+
+
+def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int]) -> None:
+    """Replace `model.forward` (an HF causal LM, or a one-label token classifier for the critic); see module doc.
+
+    New forward: `(input_ids, position_ids, attention_mask, index, targets=None, temperature=1.0,
+    with_entropy=False, cu_seq_lens=None)` -> `(log_probs [N], entropy [N] | None)` or `values [N]`.
+    `attention_mask` is the `[rows, seq]` padding mask, or None for one packed row with `cu_seq_lens`.
+    """
+    from rlx.ops.log_prob_head import log_probs_from_hidden
+
+    base = model.base_model
+    critic = role == "critic"
+    head = model.score if critic else model.get_output_embeddings()
+    dropout = getattr(model, "dropout", None) if critic else None
+
+    def forward(input_ids, position_ids, attention_mask, index, targets=None, temperature=1.0, with_entropy=False,
+                cu_seq_lens=None):
+        kwargs = {}
+        if cu_seq_lens is not None:
+            longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+            kwargs = dict(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest,
+                          max_length_k=longest)
+            attention_mask = _mask_mapping(model)
+        hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=False, **kwargs).last_hidden_state
+        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
+        if critic:
+            if dropout is not None:
+                hidden = dropout(hidden)
+            return head(hidden)[:, 0].float()
+        return log_probs_from_hidden(hidden, head.weight, head.bias, targets, temperature,
+                                     chunk_size=chunk_size, with_entropy=with_entropy)
+
+    model.forward = forward
