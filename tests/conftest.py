@@ -26,7 +26,8 @@ def ray_local():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False)  # workers get their env from WorkerGroup
+        # a private Ray (never a cluster named in Ray's temp folder); workers get their env from WorkerGroup
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield ray
     ray.shutdown()
 

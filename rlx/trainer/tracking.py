@@ -21,7 +21,11 @@ class Tracker:
             import wandb  # validated at config load: installed
 
             from dataclasses import asdict
-            self.wandb = wandb.init(project=t.project_name, name=t.experiment_name, config=asdict(cfg))
+            # its local files go with the other outputs (not into the working dir, lost under `ray job submit`)
+            wandb_dir = os.environ.get("WANDB_DIR") or log_dir
+            os.makedirs(wandb_dir, exist_ok=True)
+            self.wandb = wandb.init(project=t.project_name, name=t.experiment_name, config=asdict(cfg),
+                                    dir=wandb_dir)
 
     def log(self, metrics: dict, step: int) -> None:
         if "console" in self.loggers:

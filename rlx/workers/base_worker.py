@@ -2,9 +2,30 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 
 import torch
+
+
+def ray_local_gpu_index() -> int:
+    """Index, among the CUDA devices this process sees, of the one GPU Ray assigned to this worker.
+
+    Ray sets CUDA_VISIBLE_DEVICES to the assigned GPU, so this is 0; with RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES
+    the process sees every GPU and the assigned id is the index.
+    """
+    import ray
+
+    ids = [str(i) for i in ray.get_gpu_ids()]
+    if len(ids) != 1:
+        raise RuntimeError(f"a cuda worker must hold exactly one GPU of its bundle, Ray assigned {ids}")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return int(ids[0])
+    visible_ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if ids[0] not in visible_ids:
+        raise RuntimeError(f"Ray assigned GPU {ids[0]} but CUDA_VISIBLE_DEVICES={visible!r}")
+    return visible_ids.index(ids[0])
 
 
 class Worker:
@@ -25,5 +46,8 @@ class Worker:
     def init_distributed(self, master_addr: str, master_port: int) -> None:
         from rlx.workers.engine.fsdp import init_distributed
 
+        if self.cfg.trainer.device == "cuda":
+            # the engine picks cuda:LOCAL_RANK: make that the GPU of this worker's bundle
+            os.environ["LOCAL_RANK"] = str(ray_local_gpu_index())
         self.device = init_distributed(self.cfg.trainer.device, self.rank, self.world_size, master_addr, master_port)
         torch.manual_seed(self.cfg.trainer.seed)

@@ -1,11 +1,26 @@
-"""A group of Ray actors of one worker class, one per data-parallel rank, forming one torch process group."""
+"""Where workers run (one placement group shared by the colocated roles) and the worker group of one role.
+
+verl's colocated layout: `ResourcePool` reserves one Ray placement group with one bundle per GPU
+(`trainer.nnodes * trainer.n_gpus_per_node` bundles of {GPU: 1, CPU: 1}; with `trainer.device=cpu` one bundle of
+{CPU: 1} per worker slot). Every role (actor/rollout/ref, critic, later a reward model) is a `WorkerGroup` with one
+rank per bundle: rank i of every role is pinned to the same bundle i and asks for 1/roles of its GPU (and CPU), so
+actor rank i and critic rank i share GPU i while no two ranks of one role ever share a GPU (NCCL refuses that:
+"Duplicate GPU detected"). Ray sets CUDA_VISIBLE_DEVICES of each worker to its bundle's GPU. Each role's ranks form
+their own torch process group (the rendezvous address is the role's rank 0).
+"""
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 import ray
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlx.protocol import Batch
+
+log = logging.getLogger("rlx")
 
 # Environment every worker process needs (also set by the runtime-env file for cluster jobs).
 WORKER_ENV = {
@@ -15,22 +30,103 @@ WORKER_ENV = {
 }
 
 
+class ResourcePool:
+    """One placement group, one bundle per GPU (or CPU worker slot), shared by `roles` colocated worker groups.
+
+    Rank r of every group goes to bundle `bundle_of_rank[r]`: bundles ordered node by node (nodes in the order of
+    their lowest bundle), so consecutive ranks share a node (vLLM tensor-parallel groups stay on one node).
+    The placement group is removed when the last group using it shuts down (or by `remove()`).
+    """
+
+    WAIT_LOG_S = 30.0
+    WAIT_LIMIT_S = 600.0
+
+    def __init__(self, nnodes: int, n_gpus_per_node: int, device: str, roles: int, name: str = "rlx"):
+        assert device in ("cuda", "cpu"), device  # resolved at config load (trainer.device)
+        self.device, self.roles = device, roles
+        self.world_size = nnodes * n_gpus_per_node
+        bundle = {"GPU": 1.0, "CPU": 1.0} if device == "cuda" else {"CPU": 1.0}
+        self._check_cluster(bundle, nnodes, n_gpus_per_node)
+        self.pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK",
+                                  name=f"{name}_{os.getpid()}_{time.monotonic_ns()}")
+        self._wait_ready(bundle)
+        node_of = placement_group_table(self.pg)["bundles_to_node_id"]
+        first = {}
+        for index in range(self.world_size):
+            first.setdefault(node_of[index], index)
+        self.bundle_of_rank = sorted(range(self.world_size), key=lambda i: (first[node_of[i]], i))
+        self.node_of_rank = [node_of[i] for i in self.bundle_of_rank]
+        self._users: set[int] = set()
+
+    def _check_cluster(self, bundle: dict, nnodes: int, n_gpus_per_node: int) -> None:
+        total = ray.cluster_resources()
+        for res, amount in bundle.items():
+            need = amount * self.world_size
+            have = total.get(res, 0.0)
+            if have < need:
+                what = "GPUs" if res == "GPU" else "CPUs (one per worker slot)"
+                fix = ("set trainer.device=cpu, or run where the GPUs are" if res == "GPU" and have == 0 else
+                       "lower trainer.nnodes / trainer.n_gpus_per_node, or add nodes to the cluster")
+                raise ValueError(f"trainer.nnodes={nnodes} x trainer.n_gpus_per_node={n_gpus_per_node} needs "
+                                 f"{need:g} {what} (trainer.device={self.device}), but the Ray cluster has "
+                                 f"{have:g}. Fix: {fix}.")
+
+    def _wait_ready(self, bundle: dict) -> None:
+        start = time.monotonic()
+        ready = self.pg.ready()
+        while not ray.wait([ready], timeout=self.WAIT_LOG_S)[0]:
+            waited = time.monotonic() - start
+            msg = (f"placement group of {self.world_size} x {bundle} not ready after {waited:.0f}s "
+                   f"(available now: {ray.available_resources()})")
+            if waited >= self.WAIT_LIMIT_S:
+                remove_placement_group(self.pg)
+                raise RuntimeError(msg + ": another job holds the resources, or the nodes cannot fit the bundles")
+            log.warning("%s; waiting", msg)
+
+    def options(self, rank: int) -> dict:
+        """Ray actor options of `rank` of one role: pinned to its bundle, 1/roles of the bundle's resources."""
+        share = 1.0 / self.roles
+        opts = dict(num_cpus=share, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=self.pg, placement_group_bundle_index=self.bundle_of_rank[rank]))
+        if self.device == "cuda":
+            opts["num_gpus"] = share
+        return opts
+
+    def attach(self, group) -> None:
+        self._users.add(id(group))
+
+    def detach(self, group) -> None:
+        self._users.discard(id(group))
+        if not self._users:
+            self.remove()
+
+    def remove(self) -> None:
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+
+
 class WorkerGroup:
-    def __init__(self, worker_cls, world_size: int, device: str, gpus_per_worker: float, *args):
-        self.world_size = world_size
+    """The ranks of one role, one Ray actor per bundle of `pool`, forming one torch process group."""
+
+    def __init__(self, worker_cls, pool: ResourcePool, *args):
+        self.pool, self.world_size = pool, pool.world_size
         env = dict(WORKER_ENV)
         for key in ("RLX_CACHE", "HF_HOME", "HF_HUB_OFFLINE"):
             if key in os.environ:
                 env[key] = os.environ[key]
-        if device == "cpu":
+        if pool.device == "cpu":
             env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
         remote_cls = ray.remote(worker_cls)
-        opts = dict(num_cpus=0.01, runtime_env={"env_vars": env})
-        if device == "cuda":
-            opts["num_gpus"] = gpus_per_worker
-        self.workers = [remote_cls.options(**opts).remote(*args, rank, world_size) for rank in range(world_size)]
+        self.workers = [remote_cls.options(runtime_env={"env_vars": env}, **pool.options(rank)).remote(
+            *args, rank, self.world_size) for rank in range(self.world_size)]
+        pool.attach(self)
         addr, port = ray.get(self.workers[0].addr_port.remote())
         ray.get([w.init_distributed.remote(addr, port) for w in self.workers])
+        log.info("%s: %d ranks, rendezvous %s:%d, rank -> (bundle, node): %s", worker_cls.__name__,
+                 self.world_size, addr, port,
+                 ", ".join(f"{r}->({b}, {n[:8]})" for r, (b, n) in enumerate(zip(pool.bundle_of_rank,
+                                                                               pool.node_of_rank))))
 
     def run_all(self, method: str, *args, **kwargs) -> list:
         """Call `method` on every rank with the same arguments; returns the per-rank results."""
@@ -61,5 +157,8 @@ class WorkerGroup:
         return {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
 
     def shutdown(self):
+        """Kill this role's workers; the pool's placement group goes when its last group is shut down."""
         for w in self.workers:
             ray.kill(w)
+        self.workers = []
+        self.pool.detach(self)

@@ -1,0 +1,64 @@
+"""Device defaults, resolved on the driver at config load (before Ray starts).
+
+`trainer.device=auto` (the default) becomes `cuda` when the driver sees a GPU, else `cpu`; every consumer then sees
+cuda | cpu. FSDP mixed precision keys left unset get verl's GPU defaults on cuda (bf16 parameters, fp32 gradient
+reduction and buffers; the sharded master weights stay `model_dtype`, fp32) and fp32 on cpu.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from rlx.config.schema import RLXConfig
+
+MIXED_PRECISION_DEFAULTS = {
+    "cuda": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+    "cpu": {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+}
+
+
+def visible_gpu_count() -> int:
+    """CUDA GPUs this process can use: torch's count, else `nvidia-smi -L` (a driver without CUDA torch), limited
+    by CUDA_VISIBLE_DEVICES when it is set."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]))
+    return count
+
+
+def joins_cluster(cfg: RLXConfig) -> bool:
+    """True when the driver will join an existing Ray cluster (ray_init.address or RAY_ADDRESS) instead of starting
+    a local Ray: its GPUs are then the cluster's, not necessarily this machine's."""
+    return bool(cfg.ray_init.address or os.environ.get("RAY_ADDRESS"))
+
+
+def fsdp_configs(cfg: RLXConfig) -> dict:
+    """Every FSDP config of the tree, by key prefix."""
+    return {"actor_rollout_ref.actor.fsdp_config": cfg.actor_rollout_ref.actor.fsdp_config,
+            "actor_rollout_ref.ref.fsdp_config": cfg.actor_rollout_ref.ref.fsdp_config,
+            "critic.model.fsdp_config": cfg.critic.model.fsdp_config}
+
+
+def resolve_device(cfg: RLXConfig, gpu_count=visible_gpu_count) -> RLXConfig:
+    """Replace `trainer.device=auto` and unset mixed-precision keys by the device's defaults (in place)."""
+    t = cfg.trainer
+    if t.device == "auto":
+        t.device = "cuda" if gpu_count() > 0 else "cpu"
+    defaults = MIXED_PRECISION_DEFAULTS.get(t.device)
+    if defaults is not None:  # an invalid device is reported by validate_config
+        for fsdp_cfg in fsdp_configs(cfg).values():
+            fsdp_cfg.mixed_precision = {**defaults, **(fsdp_cfg.mixed_precision or {})}
+    return cfg

@@ -1,0 +1,142 @@
+"""GPU defaults resolved at config load (trainer.device=auto, mixed precision), device errors before Ray starts,
+where a local run's Ray comes from, and output paths of `ray job submit` jobs."""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from rlx.config import load_config
+from rlx.config.device import resolve_device
+from rlx.config.loader import compose, to_typed
+
+from conftest import REPO
+
+FSDP_KEYS = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.model.fsdp_config")
+
+
+def _resolved(overrides, gpus: int):
+    return resolve_device(to_typed(compose(overrides)), gpu_count=lambda: gpus)
+
+
+def _mp(cfg, prefix):
+    obj = cfg
+    for part in prefix.split("."):
+        obj = getattr(obj, part)
+    return obj.mixed_precision
+
+
+def test_auto_is_cuda_with_verl_mixed_precision_where_a_gpu_is_seen():
+    cfg = _resolved([], gpus=1)
+    assert cfg.trainer.device == "cuda"
+    for prefix in FSDP_KEYS:
+        assert _mp(cfg, prefix) == {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}, prefix
+    assert cfg.actor_rollout_ref.actor.fsdp_config.model_dtype == "fp32"  # fp32 master weights
+
+
+def test_auto_is_cpu_in_fp32_without_a_gpu():
+    cfg = _resolved([], gpus=0)
+    assert cfg.trainer.device == "cpu"
+    for prefix in FSDP_KEYS:
+        assert _mp(cfg, prefix) == {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}, prefix
+
+
+def test_explicit_settings_win():
+    cfg = _resolved(["trainer.device=cpu", "critic.model.fsdp_config.mixed_precision.param_dtype=bf16"], gpus=2)
+    assert cfg.trainer.device == "cpu"
+    assert _mp(cfg, "critic.model.fsdp_config") == {"param_dtype": "bf16", "reduce_dtype": "fp32",
+                                                    "buffer_dtype": "fp32"}
+    cfg = _resolved(["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32"], gpus=1)
+    assert _mp(cfg, "actor_rollout_ref.actor.fsdp_config")["param_dtype"] == "fp32"
+    assert _mp(cfg, "actor_rollout_ref.ref.fsdp_config")["param_dtype"] == "bf16"
+
+
+def test_load_config_resolves_auto_on_this_machine():
+    import torch
+
+    cfg = load_config([])
+    assert cfg.trainer.device == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_bad_mixed_precision_dtype_names_the_key():
+    with pytest.raises(ValueError, match=r"critic.model.fsdp_config.mixed_precision.param_dtype='bf8'"):
+        load_config(["critic.model.fsdp_config.mixed_precision.param_dtype=bf8"])
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_cli_cuda_without_gpu_fails_in_seconds_naming_the_key():
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-m", "rlx.trainer.main_ppo", "trainer.device=cuda"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    seconds = time.time() - start
+    assert proc.returncode != 0
+    assert "trainer.device=cuda" in proc.stderr and "trainer.device=cpu" in proc.stderr, proc.stderr
+    assert "Started a local Ray" not in proc.stdout + proc.stderr
+    assert seconds < 30, seconds
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_on_a_cluster_is_checked_against_the_cluster_not_this_machine(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = load_config(["trainer.device=cuda", "ray_init.address=10.0.0.1:6379"])  # no local GPU: not an error
+    assert cfg.trainer.device == "cuda"
+
+
+def test_relative_outputs_of_a_ray_job_are_a_config_error(monkeypatch):
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what the job supervisor sets for the driver
+    with pytest.raises(ValueError, match=r"trainer.default_local_dir='checkpoints/rlx/default' is a relative path"):
+        load_config(["trainer.device=cpu"])
+    with pytest.raises(ValueError, match=r"TENSORBOARD_DIR"):
+        monkeypatch.setenv("TENSORBOARD_DIR", "tb")
+        load_config(["trainer.device=cpu", "trainer.default_local_dir=/abs/out"])
+    monkeypatch.delenv("TENSORBOARD_DIR")
+    assert load_config(["trainer.device=cpu", "trainer.default_local_dir=/abs/out"]).trainer.default_local_dir \
+        == "/abs/out"
+
+
+def test_relative_outputs_outside_a_ray_job_are_fine(monkeypatch):
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert load_config(["trainer.device=cpu"]).trainer.default_local_dir == "checkpoints/rlx/default"
+
+
+INIT_RAY = """
+import ray
+from rlx.config import load_config
+from rlx.trainer.main_ppo import init_ray
+init_ray(load_config(["trainer.device=cpu", "ray_init.num_cpus=1"]))
+print("GCS", ray.get_runtime_context().gcs_address, flush=True)
+ray.shutdown()
+"""
+
+
+def test_stale_cluster_file_does_not_redirect_a_local_run():
+    """Ray's temp folder names a stopped cluster (what `ray start` leaves behind): a local run starts its own Ray
+    at once instead of retrying that address for minutes."""
+    tmp = tempfile.mkdtemp(prefix="rlxst", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
+    stale = "127.0.0.1:1"  # nothing listens there
+    os.makedirs(os.path.join(tmp, "ray"))
+    with open(os.path.join(tmp, "ray", "ray_current_cluster"), "w") as f:
+        f.write(stale)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env.update(RAY_TMPDIR=tmp, RAY_USAGE_STATS_ENABLED="0")
+    try:
+        # the file is live: Ray's own address discovery (what a bare ray.init() uses) would pick the stale address
+        probe = subprocess.run([sys.executable, "-c", "from ray._private import services; "
+                                "print(services.canonicalize_bootstrap_address(None))"],
+                               env=env, capture_output=True, text=True, timeout=60)
+        assert probe.stdout.strip().endswith(":1"), probe.stdout + probe.stderr  # 127.0.0.1 as this host's IP
+        start = time.time()
+        proc = subprocess.run([sys.executable, "-c", INIT_RAY], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=120)
+        seconds = time.time() - start
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out
+        assert "Started a local Ray instance" in out, out
+        gcs = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("GCS ")]
+        assert gcs and not gcs[0].endswith(":1"), out
+        assert seconds < 90, seconds
+    finally:
+        subprocess.run(["rm", "-rf", tmp])
