@@ -111,7 +111,10 @@ def test_grpo_fsdp2_vllm_rollout_with_offload(ray_local, tmp_path):
                                     "actor_rollout_ref.rollout.calculate_log_probs=True",
                                     # offload is active in the updates only; the engine generates untouched
                                     "actor_rollout_ref.model.enable_activation_offload=True",
-                                    "actor_rollout_ref.model.activation_offload.min_tensor_bytes=0"], tmp_path)
+                                    "actor_rollout_ref.model.activation_offload.min_tensor_bytes=0",
+                                    # long-response path: fused head (default), tiled MLP, packed rows
+                                    "actor_rollout_ref.model.tile_mlp_tokens=16",
+                                    "actor_rollout_ref.model.use_remove_padding=True"], tmp_path)
     assert_trained(history, before, after, critic=False)
     # the engine generated with the synced weights: its token probabilities match the actor's
     for m in history:
@@ -128,8 +131,66 @@ def test_ppo_with_activation_offload_on_actor_and_critic(ray_local, tmp_path):
         "actor_rollout_ref.model.activation_offload.min_tensor_bytes=0",
         "critic.model.activation_offload.min_tensor_bytes=0",
         "actor_rollout_ref.model.activation_offload.keep_last_layers=0",
-        "critic.model.activation_offload.keep_last_layers=0"], tmp_path)
+        "critic.model.activation_offload.keep_last_layers=0",
+        # long-response path on both roles: fused head (actor, default), tiled MLP, packed rows, token budgets
+        "actor_rollout_ref.model.tile_mlp_tokens=16", "critic.model.tile_mlp_tokens=16",
+        "actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=48",
+        "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=48"], tmp_path)
     assert_trained(history, before, after, critic=True)
     for m in history:  # the saved activations really went through the host pool
         assert m["perf/update_actor/offloaded_activation_gb"] > 0
         assert m["perf/update_critic/offloaded_activation_gb"] > 0
+
+
+# verl's GRPO example with activation offload (docs: examples/grpo_trainer, the offload usage example), pasted
+# as is except the model path, the data files and what must shrink to run on this CPU: 2 gloo workers, tensor
+# parallel 1, small batches and lengths, HF rollout, 2 steps, console logging (wandb is not installed).
+VERL_GRPO_OFFLOAD = """
+    algorithm.adv_estimator=grpo
+    data.train_batch_size=4 data.max_prompt_length=256 data.max_response_length=16
+    data.filter_overlong_prompts=True data.truncation=error
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.actor.ppo_mini_batch_size=2
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40
+    actor_rollout_ref.actor.use_dynamic_bsz=True
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64
+    actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.model.enable_gradient_checkpointing=True
+    actor_rollout_ref.model.enable_activation_offload=True
+    actor_rollout_ref.actor.fsdp_config.param_offload=False
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=64
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1
+    actor_rollout_ref.rollout.name=hf
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+    actor_rollout_ref.rollout.n=5
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40
+    actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
+    actor_rollout_ref.ref.fsdp_config.param_offload=True
+    algorithm.use_kl_in_reward=False
+    trainer.critic_warmup=0 trainer.logger=[console]
+    trainer.project_name=verl_grpo_example_gsm8k trainer.experiment_name=qwen2_7b_function_rm
+    trainer.n_gpus_per_node=2 trainer.nnodes=1 trainer.save_freq=-1 trainer.test_freq=5
+    trainer.total_epochs=15 trainer.total_training_steps=2 trainer.val_before_train=False
+""".split()
+
+
+def test_verl_grpo_offload_command_runs_with_remove_padding_and_dynamic_bsz(ray_local, tmp_path):
+    # the tiny model's activations are below the offload's default 1 MiB floor: offload them all
+    cfg = load_config(VERL_GRPO_OFFLOAD + ["actor_rollout_ref.model.activation_offload.min_tensor_bytes=0",
+                                           f"trainer.default_local_dir={tmp_path}"])
+    assert cfg.actor_rollout_ref.model.use_remove_padding and cfg.actor_rollout_ref.actor.use_dynamic_bsz
+    trainer = RayPPOTrainer(cfg, choose_rollout(cfg))
+    trainer.init_workers()
+    before = trainer.param_checksum()
+    history = trainer.fit()
+    assert trainer.param_checksum() != before
+    trainer.actor_wg.shutdown()
+    assert len(history) == 2
+    for m in history:
+        assert m["actor/grad_norm"] > 0 and m["perf/update_actor/offloaded_activation_gb"] > 0
