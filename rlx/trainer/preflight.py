@@ -1,0 +1,246 @@
+"""Preflight: everything the driver can check before Ray starts, reported like a config error.
+
+`preflight(cfg)` runs after config validation and before `ray.init`. Each check adds problems (the key or file,
+what is wrong, the fix) to one list and one `PreflightError` reports them all, so a job that cannot run stops in
+seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
+
+- models: `actor_rollout_ref.model.path` (and the critic's, `data.tokenizer`) is a built-in name or a local HF
+  directory (or a model in the HF cache) with a config, a tokenizer and weights; `data.max_prompt_length +
+  data.max_response_length` fits the model's context;
+- data: every file of `data.train_files` / `data.val_files` loads through the dataset code itself (exists, is
+  parquet, has the needed columns and rows, prompts fit `data.max_prompt_length`), and the train set holds at
+  least one batch;
+- reward: the custom reward file imports and defines the function; without one, every `data_source` has a
+  built-in reward;
+- checkpoints: `trainer.default_local_dir` is writable when something will be written there, and the checkpoint
+  to resume from exists, is complete and matches its checksums.
+
+What the checks build on the way (tokenizer, datasets, reward function, the verified resume dir) is returned as
+`DriverInputs`, so the trainer loads nothing twice.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+log = logging.getLogger("rlx")
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_WEIGHTS = re.compile(r".*\.(safetensors|bin|pt|pth)$|.*\.safetensors\.index\.json$")
+
+
+class PreflightError(ValueError):
+    """Every problem found before Ray, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("the job cannot start (checked before Ray):\n  - " + "\n  - ".join(problems))
+
+
+@dataclass
+class DriverInputs:
+    """What the driver loads before workers start; built by `preflight` and handed to the trainer."""
+    tokenizer: Any
+    train_dataset: Any
+    val_dataset: Any
+    score_fn: Callable
+    resume_dir: str | None
+
+
+def preflight(cfg) -> DriverInputs:
+    """Check everything the driver can see; raise one `PreflightError` listing every problem."""
+    problems: list[str] = []
+    model_dir = _check_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, problems)
+    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
+        _check_model("critic.model.path", cfg.critic.model.path, problems)
+    tokenizer = None
+    tok_key, tok_path = (("data.tokenizer", cfg.data.tokenizer) if cfg.data.tokenizer
+                         else ("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path))
+    tok_dir = model_dir if tok_path == cfg.actor_rollout_ref.model.path else _check_model(tok_key, tok_path, problems,
+                                                                                          weights=False)
+    if tok_dir is not None:
+        tokenizer = _load_tokenizer(tok_key, tok_dir, cfg.actor_rollout_ref.model.trust_remote_code, problems)
+    if model_dir is not None:
+        _check_context(cfg, model_dir, problems)
+    train = val = None
+    if tokenizer is not None:
+        train = _load_dataset("data.train_files", cfg.data.train_files, tokenizer, cfg, problems)
+        val = _load_dataset("data.val_files", cfg.data.val_files, tokenizer, cfg, problems)
+        if train is not None:
+            _check_batches(cfg, train, problems)
+    else:
+        problems.append("data.train_files / data.val_files: not checked (no tokenizer to read them with; see above).")
+    score_fn = _check_reward(cfg, [ds for ds in (train, val) if ds is not None], problems)
+    _check_writable(cfg, problems)
+    resume_dir = _check_resume(cfg, problems)
+    if problems:
+        raise PreflightError(problems)
+    return DriverInputs(tokenizer, train, val, score_fn, resume_dir)
+
+
+# ---------------------------------------------------------------------------------------------- models
+def _check_model(key: str, path: str, problems: list[str], weights: bool = True) -> str | None:
+    """The local directory of `path`, or None after adding a problem."""
+    from rlx.models import BUILTIN_PREFIX, resolve_model_path
+
+    if path.startswith(BUILTIN_PREFIX):
+        try:
+            return resolve_model_path(path)
+        except ValueError as e:
+            problems.append(str(e))
+            return None
+    local = os.path.expanduser(path)
+    if not os.path.isdir(local):
+        cached = _hf_cache_snapshot(path) if _REPO_ID.match(path) and not os.path.exists(local) else None
+        if cached:
+            return cached
+        what = "does not exist" if not os.path.exists(local) else "is not a directory"
+        hub = (f" (nor a model in the local Hugging Face cache; download it first: huggingface-cli download "
+               f"{path} --local-dir <dir>, then {key}=<dir>)" if _REPO_ID.match(path) else "")
+        problems.append(f"{key}={path!r} {what}{hub}. Fix: give a local HF model directory (config.json, tokenizer, "
+                        f"weights) or a built-in model, e.g. {key}=builtin://tiny-qwen2.")
+        return None
+    names = os.listdir(local)
+    missing = []
+    if "config.json" not in names:
+        missing.append("config.json")
+    if not any(n.startswith("tokenizer") or n in ("vocab.json", "spiece.model") for n in names):
+        missing.append("a tokenizer (tokenizer.json / tokenizer_config.json)")
+    if weights and not any(_WEIGHTS.match(n) for n in names):
+        missing.append("weights (*.safetensors or *.bin)")
+    if missing:
+        problems.append(f"{key}={path!r} is not a complete HF model directory: no {', no '.join(missing)}. Fix: point "
+                        f"{key} at the directory that save_pretrained / huggingface-cli download wrote.")
+        return None
+    return local
+
+
+def _hf_cache_snapshot(repo_id: str) -> str | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return os.path.dirname(found) if isinstance(found, str) else None
+
+
+def _load_tokenizer(key: str, directory: str, trust_remote_code: bool, problems: list[str]):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - any loader failure is a bad model directory
+        problems.append(f"{key}: the tokenizer in {directory!r} does not load ({type(e).__name__}: "
+                        f"{_first_line(e)}). Fix: point {key} at a directory with a working tokenizer.")
+        return None
+
+
+def _check_context(cfg, model_dir: str, problems: list[str]) -> None:
+    """Prompt + response must fit the model's context (else vLLM refuses it deep inside a worker)."""
+    import json
+
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        problems.append(f"actor_rollout_ref.model.path: {os.path.join(model_dir, 'config.json')} is unreadable "
+                        f"({type(e).__name__}: {e}).")
+        return
+    override = cfg.actor_rollout_ref.model.override_config
+    context = override.get("max_position_embeddings") or config.get("max_position_embeddings") \
+        or config.get("text_config", {}).get("max_position_embeddings")
+    d = cfg.data
+    need = d.max_prompt_length + d.max_response_length
+    if context and need > context:
+        problems.append(f"data.max_prompt_length + data.max_response_length = {d.max_prompt_length} + "
+                        f"{d.max_response_length} = {need} tokens exceed the model's context of {context} "
+                        f"(max_position_embeddings of actor_rollout_ref.model.path={cfg.actor_rollout_ref.model.path!r})."
+                        f" Fix: shorten them so the sum is at most {context}.")
+
+
+# ---------------------------------------------------------------------------------------------- data and reward
+def _load_dataset(key: str, files, tokenizer, cfg, problems: list[str]):
+    from rlx.data.dataset import RLDataset
+
+    try:
+        return RLDataset(files, tokenizer, cfg.data)
+    except ValueError as e:
+        problems.append(f"{key}: {e}")
+    except Exception as e:  # noqa: BLE001 - e.g. a tokenizer failing on a row: still a data problem, not a crash
+        problems.append(f"{key}: loading {files!r} failed ({type(e).__name__}: {_first_line(e)}).")
+    return None
+
+
+def _check_batches(cfg, train, problems: list[str]) -> None:
+    if len(train) < cfg.data.train_batch_size:
+        problems.append(f"data.train_batch_size={cfg.data.train_batch_size} exceeds the {len(train)} prompts of "
+                        f"data.train_files; use more data or a smaller data.train_batch_size.")
+
+
+def _check_reward(cfg, datasets: list, problems: list[str]):
+    from rlx.data.reward import known_data_sources, load_reward_fn
+
+    try:
+        fn = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_kwargs)
+    except ValueError as e:
+        problems.append(f"{e}.")
+        return None
+    if not cfg.custom_reward_function.path:
+        known = set(known_data_sources())
+        unknown = sorted({s for ds in datasets for s in ds.data_sources()} - known)
+        if unknown:
+            problems.append(f"data_source {unknown} (column data.reward_fn_key={cfg.data.reward_fn_key!r}) has no "
+                            f"built-in reward (known: {sorted(known)}). Fix: set custom_reward_function.path=<file.py> "
+                            f"defining compute_score(data_source, solution_str, ground_truth, extra_info=None).")
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+def _check_writable(cfg, problems: list[str]) -> None:
+    """`trainer.default_local_dir` must take files if anything goes there (checkpoints, tensorboard logs)."""
+    import tempfile
+
+    t = cfg.trainer
+    loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
+    if t.save_freq <= 0 and "tensorboard" not in loggers:
+        return
+    target = os.path.abspath(t.default_local_dir)
+    probe = target
+    while not os.path.exists(probe):  # the nearest existing ancestor: what `makedirs` will need to write into
+        probe = os.path.dirname(probe)
+    why = None
+    if not os.path.isdir(probe):
+        why = f"{probe} is a file, not a directory"
+    else:
+        try:
+            with tempfile.TemporaryFile(dir=probe):
+                pass
+        except OSError as e:
+            why = f"cannot create files in {probe} ({e.strerror or e})"
+    if why:
+        problems.append(f"trainer.default_local_dir={t.default_local_dir!r} is not writable: {why}. Checkpoints "
+                        f"(trainer.save_freq) and logs go there. Fix: set trainer.default_local_dir to a writable "
+                        f"directory.")
+
+
+def _check_resume(cfg, problems: list[str]) -> str | None:
+    import dataclasses
+
+    from rlx import checkpoint as ckpt
+
+    t = cfg.trainer
+    try:
+        return ckpt.find_resume_dir(dataclasses.replace(
+            t, default_local_dir=os.path.abspath(t.default_local_dir),
+            resume_from_path=os.path.abspath(t.resume_from_path) if t.resume_from_path else None))
+    except ValueError as e:
+        problems.append(str(e))
+        return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
