@@ -1,0 +1,620 @@
+"""Benchmark one RL update through rlx's own engines on one device, no Ray: `ActorEngine.update_policy` (or
+`CriticEngine.update_critic`) on a synthetic batch, random weights, FSDP2 with bf16 mixed precision (fp32
+master weights and AdamW, bf16 compute, fp32 gradient reduction), the config built by `rlx.config.load_config`
+from Hydra overrides exactly as the trainer builds it.
+
+Two modes, each scheme in its own process (one scheme's memory, allocator cache or pinned pool cannot affect
+the next), the table last:
+
+* long responses (default): batch 1, prompt 512, response 8k / 32k / 64k / 131k tokens. Per scheme: the peak
+  GiB (torch.cuda.max_memory_allocated over the update) and step seconds (wall time of the update, device
+  synchronised; median of --short-steps at lengths <= 32k, one step above; one untimed warm-up at the first
+  length) at each length, stopping at the first OOM; the per-token slope (peak difference / token difference,
+  32k to 131k, or the widest fitting pair), and the longest response that fits: extrapolated from the last two
+  fitting lengths' slope to 97% of the cap (at most --search-max), then confirmed in a fresh process (a
+  warm-up at the first length, then that one point; on OOM one more try half-way back).
+* --shaping: one GRPO update on a seeded batch whose response lengths spread 1:8 (512..4096 at 1.5B), padded
+  vs remove padding vs remove padding + dynamic batch size: valid tokens per second (the same valid tokens in
+  every variant: it is the same batch) and peak GiB.
+
+Schemes are names made of parts joined by "_" (any order; a part that is absent is off):
+    ckpt       model.enable_gradient_checkpointing=True (HF checkpointing; owned by the offload with `offload`)
+    offload    model.enable_activation_offload=True (rlx's layer-grouped activation offload, default knobs)
+    fused      model.use_fused_kernels=True, fused_kernel_options.chunk_size=--chunk-size (chunked log-prob
+               head, no [tokens, vocab] logits); without it the full-logits head (use_fused_kernels=False)
+    tile[N]    model.tile_mlp_tokens=N (default --tile-tokens): token-tiled MLP
+    rmpad      model.use_remove_padding=True (packed rows, attention per sequence)
+    dyn[N]     actor.use_dynamic_bsz=True, ppo_max_token_len_per_gpu=N (default --max-tokens)
+    mb[N]      ppo_micro_batch_size_per_gpu=N (default 1 for long responses, --micro for --shaping)
+    critic     CriticEngine.update_critic (value head; `fused` does not apply) instead of the actor
+    plain      nothing on (a name for the empty set)
+Every run also sets: strategy=fsdp2, mixed_precision {param bf16, reduce fp32, buffer fp32} on cuda (fp32 on
+cpu), ppo_mini_batch_size=rows (one optimizer step), ppo_epochs=1, entropy_coeff=0, use_kl_loss=False,
+optim.lr=1e-6, rollout n=1. Each child prints its full override list.
+
+Shapes: 1.5b = Qwen2.5-1.5B dims (bench_offload.SHAPES["1.5b"]: 28 layers, hidden 1536, intermediate 8960,
+12 heads, 2 kv heads, vocab 151936, tied embeddings; rope_theta 1e6), written once as an HF directory with
+seeded random bf16 weights (std 0.02) under the temp dir (reused by later runs on the same machine; --model-dir
+to choose); tiny = rlx's builtin://tiny-qwen2 with lengths scaled down (a CPU smoke test of this script).
+
+    python3 scripts/bench_rl_update.py --cap-gib 80                        # the 5 long-response actor schemes
+    python3 scripts/bench_rl_update.py --cap-gib 80 --critic               # critic: offload+ckpt(+tile)
+    python3 scripts/bench_rl_update.py --cap-gib 80 --shaping              # padded / rmpad / rmpad+dyn
+    python3 scripts/bench_rl_update.py --table a.json,b.json               # one table (+ targets) from runs
+    python3 scripts/bench_rl_update.py --shape tiny --device cpu --shaping # CPU smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_offload import SHAPES, GiB, _port  # noqa: E402  (the same model dims as the step-level benchmark)
+
+LONG_SCHEMES = ["ckpt", "ckpt_fused", "offload_ckpt", "offload_ckpt_fused", "offload_ckpt_fused_tile"]
+CRITIC_SCHEMES = ["critic_offload_ckpt", "critic_offload_ckpt_tile"]
+SHAPING_SCHEMES = ["ckpt_fused", "ckpt_fused_rmpad", "ckpt_fused_rmpad_dyn"]
+QWEN_1_5B = dict(SHAPES["1.5b"], model_type="qwen2", rope_theta=1e6, rms_norm_eps=1e-6,
+                 max_position_embeddings=1 << 20, use_cache=False)
+# per shape: response lengths, prompt, longest searched, tile/chunk tokens; shaping: rows, response range,
+# micro-batch rows (padded and rmpad), token budget (dynamic): 16k ~ 3.5 padded rows of 512 + 4096
+PRESETS = {
+    "1.5b": dict(lengths=[8192, 32768, 65536, 131072], prompt=512, search_max=262144, tile=8192, chunk=2048,
+                 rows=32, resp=(512, 4096), micro=4, max_tokens=16384, round_to=1024),
+    "tiny": dict(lengths=[64, 128, 256], prompt=16, search_max=480, tile=64, chunk=32,
+                 rows=8, resp=(32, 256), micro=4, max_tokens=1024, round_to=16),
+}
+SEARCH_MARGIN = 0.97  # extrapolate to this fraction of the cap: allocator fragmentation headroom
+TIME_HINT = """\
+time on one H200 (estimates; the first run on a machine adds ~1 min to write the 1.5B weights): ~40 s per
+process to start and load; a full-logits scheme ~2 min (OOM by 64k), a chunked-head scheme ~3-4 min
+(131k ~20-25 s a step, the search's 262144-token point ~1.5 min in its own process), --shaping ~3 min.
+Chunks that fit in 10 minutes each (every chunk writes $OUT/bench_rl_update.json; --table merges them):
+  --cap-gib 80 --schemes ckpt,ckpt_fused
+  --cap-gib 80 --schemes offload_ckpt,offload_ckpt_fused
+  --cap-gib 80 --schemes offload_ckpt_fused_tile
+  --cap-gib 80 --critic
+  --cap-gib 80 --shaping"""
+
+
+@dataclass
+class Scheme:
+    name: str
+    critic: bool = False
+    ckpt: bool = False
+    offload: bool = False
+    fused: bool = False
+    tile: int = 0
+    rmpad: bool = False
+    dyn: int = 0
+    micro: int = 0
+
+
+def parse_scheme(name: str, a) -> Scheme:
+    s = Scheme(name, micro=a.micro if a.shaping else 1)
+    for p in name.split("_"):
+        if p in ("critic", "ckpt", "offload", "fused", "rmpad"):
+            setattr(s, p, True)
+        elif p == "plain":
+            pass
+        elif p.startswith("tile") and (p[4:].isdigit() or p == "tile"):
+            s.tile = int(p[4:] or a.tile_tokens)
+        elif p.startswith("dyn") and (p[3:].isdigit() or p == "dyn"):
+            s.dyn = int(p[3:] or a.max_tokens)
+        elif p.startswith("mb") and p[2:].isdigit():
+            s.micro = int(p[2:])
+        else:
+            raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] rmpad dyn[N] "
+                             f"mb[N] critic plain)")
+    if s.critic and s.fused:
+        raise ValueError(f"scheme {name!r}: the critic has a value head; `fused` (the chunked log-prob head) "
+                         f"does not apply")
+    return s
+
+
+def precision(a) -> dict:
+    """FSDP mixed precision: verl's GPU recipe on cuda, fp32 on cpu."""
+    if a.device == "cuda":
+        return {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    return {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+
+
+def overrides(s: Scheme, a, model_path: str, rows: int) -> tuple[list[str], list[str]]:
+    """(the Hydra overrides of one scheme, what the trainer would be given; the scheme's own switches that are
+    on, for the tables)."""
+    if s.critic:
+        model, role, fsdp = "critic.model", "critic", "critic.model.fsdp_config"
+        fixed = ["critic.strategy=fsdp2", "critic.rollout_n=1"]
+    else:
+        model, role = "actor_rollout_ref.model", "actor_rollout_ref.actor"
+        fsdp = role + ".fsdp_config"
+        fixed = [f"{role}.strategy=fsdp2", "actor_rollout_ref.rollout.n=1", f"{role}.entropy_coeff=0",
+                 f"{role}.use_kl_loss=False"]
+    own = {f"{model}.enable_gradient_checkpointing": s.ckpt, f"{model}.enable_activation_offload": s.offload,
+           f"{model}.tile_mlp_tokens": s.tile, f"{model}.use_remove_padding": s.rmpad,
+           f"{role}.use_dynamic_bsz": bool(s.dyn), f"{role}.ppo_max_token_len_per_gpu": s.dyn or a.max_tokens,
+           f"{role}.ppo_micro_batch_size_per_gpu": s.micro}
+    if not s.critic:
+        own.update({f"{model}.use_fused_kernels": s.fused, f"{model}.fused_kernel_options.chunk_size": a.chunk_size})
+    ov = [f"trainer.device={a.device}", f"{model}.path={model_path}"] + [f"{k}={v}" for k, v in own.items()] + \
+        [f"{role}.ppo_mini_batch_size={rows}", f"{role}.ppo_epochs=1", f"{role}.optim.lr=1e-6"] + fixed + \
+        [f"{fsdp}.mixed_precision.{k}={v}" for k, v in precision(a).items()]
+    shown = {"ppo_max_token_len_per_gpu": bool(s.dyn), "chunk_size": s.fused,
+             "ppo_micro_batch_size_per_gpu": not s.dyn and s.micro != 1}
+    on = [f"{k.split('.')[-1]}={v}" for k, v in own.items()
+          if shown.get(k.split(".")[-1], v not in (False, 0))]
+    return ov, on
+
+
+# ---- the batch ------------------------------------------------------------------------------------------------
+def shaping_lengths(a) -> tuple[list[int], list[int]]:
+    """Seeded prompt and response lengths of the --shaping batch: responses uniform in --resp-range with both
+    ends present (the 1:8 spread), prompts uniform in [prompt/2, prompt]."""
+    rng = random.Random(a.seed)
+    lo, hi = a.resp_range
+    resp = [lo, hi] + [rng.randint(lo, hi) for _ in range(a.rows - 2)]
+    rng.shuffle(resp)
+    return [rng.randint(a.prompt // 2, a.prompt) for _ in range(a.rows)], resp
+
+
+def make_batch(prompt_lens: list[int], resp_lens: list[int], vocab: int, seed: int, group: int = 1):
+    """Rows `[prompt left-padded | response right-padded]` with what update_policy and update_critic read:
+    old log-probs at the random-weight model's level (-log V, so the ratio is ~1 and nothing is clipped away),
+    GRPO advantages (scores normalised within groups of `group` rows, or one N(0,1) draw per row), values
+    and returns."""
+    import torch
+
+    from rlx.protocol import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    n, P, R = len(prompt_lens), max(prompt_lens), max(resp_lens)
+    mask = torch.zeros(n, P + R, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_lens, resp_lens)):
+        mask[i, P - p:P + r] = 1
+    input_ids = torch.randint(0, vocab, (n, P + R), generator=g) * mask
+    resp_mask = mask[:, P:].float()
+    score = torch.randn(n, generator=g)
+    if group > 1:
+        s = score.view(-1, group)
+        score = ((s - s.mean(-1, keepdim=True)) / (s.std(-1, keepdim=True) + 1e-6)).reshape(-1)
+    return Batch({"input_ids": input_ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+                  "responses": input_ids[:, P:], "response_mask": resp_mask.long(),
+                  "old_log_probs": -math.log(vocab) * resp_mask, "advantages": score[:, None] * resp_mask,
+                  "values": 0.1 * torch.randn(n, R, generator=g) * resp_mask,
+                  "returns": torch.randn(n, R, generator=g) * resp_mask})
+
+
+# ---- one scheme, in its own process ---------------------------------------------------------------------------
+def is_oom(e: BaseException) -> bool:
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e) or "CUBLAS_STATUS_ALLOC_FAILED" in str(e)
+
+
+def worker(a):
+    import logging
+
+    import torch
+
+    from rlx.config import load_config
+    from rlx.workers.engine.fsdp import init_distributed
+    from rlx.workers.engine.packing import micro_batches
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    s = parse_scheme(a.scheme, a)
+    cuda = a.device == "cuda"
+    dev = init_distributed(a.device, 0, 1)
+    if cuda and a.cap_gib:
+        total = torch.cuda.get_device_properties(dev).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, a.cap_gib * GiB / total), dev)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if a.shaping:
+        prompts, resps = shaping_lengths(a)
+        points = [(prompts, resps)]
+    else:
+        points = [([a.prompt], [n]) for n in a.points]
+    rows = len(points[0][0])
+    ov, on = overrides(s, a, a.model_path, rows)
+    print(f"[{s.name}] overrides: {' '.join(ov)}", flush=True)
+    cfg = load_config(ov, validate=False)
+    t0 = time.perf_counter()
+    if s.critic:
+        from rlx.workers.engine.critic import CriticEngine
+
+        engine = CriticEngine(critic_cfg=cfg.critic, device=dev, world_size=1)
+        update, prefix = engine.update_critic, "critic"
+    else:
+        from rlx.workers.engine.actor import ActorEngine
+
+        arr = cfg.actor_rollout_ref
+        engine = ActorEngine(role="actor", model_cfg=arr.model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
+                             strategy=arr.actor.strategy, device=dev, world_size=1, rollout_n=1, temperature=1.0)
+        update, prefix = engine.update_policy, "actor"
+    vocab = engine.module.config.vocab_size
+    res = dict(scheme=s.name, mode="shaping" if a.shaping else "long", critic=s.critic, overrides=ov,
+               device=torch.cuda.get_device_name(dev) if cuda else "cpu", cap_gib=a.cap_gib if cuda else None,
+               shape=a.shape, prompt=a.prompt, precision=precision(a)["param_dtype"],
+               switches=" ".join(on) or "-", attn=engine.module.config._attn_implementation,
+               torch=torch.__version__, load_s=time.perf_counter() - t0, points=[])
+
+    def step(batch) -> tuple[float, float | None, dict]:
+        sync()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
+        t = time.perf_counter()
+        m = update(batch)
+        sync()
+        dt = time.perf_counter() - t
+        # run_update reads (and resets) the allocator's peak over the whole update
+        peak = m.get(f"perf/update_{prefix}/max_memory_allocated_gb", torch.cuda.max_memory_allocated(dev) / GiB) \
+            if cuda else None
+        return dt, peak, m
+
+    group = a.group if a.shaping else 1
+    try:
+        warm = make_batch(*(points[0] if a.shaping else ([a.prompt], [a.warmup_len])), vocab, a.seed, group)
+        dt, _, _ = step(warm)
+        print(f"[{s.name}] warm-up ({int(warm['attention_mask'].sum())} tokens) {dt:.2f}s", flush=True)
+    except Exception as e:  # noqa: BLE001
+        if not is_oom(e):
+            raise
+        print(f"[{s.name}] warm-up OOM", flush=True)
+        res["warmup_oom"] = True
+        points = []
+    del warm
+    sync()
+    res["static_gib"] = torch.cuda.memory_allocated(dev) / GiB if cuda else None
+    for prompts, resps in points:
+        batch = make_batch(prompts, resps, vocab, a.seed, group)
+        valid = int(batch["attention_mask"].sum())
+        pt = dict(len=max(resps), valid_tokens=valid, response_tokens=int(batch["response_mask"].sum()))
+        if a.shaping:
+            mbs, _ = micro_batches(batch, s.micro, s.dyn or None)
+            pt.update(micro_batches=len(mbs), resp_lens=resps, prompt_lens=prompts,
+                      computed_tokens=valid if s.rmpad else sum(mb["input_ids"].numel() for mb in mbs))
+        n = a.steps if a.shaping else (a.short_steps if max(resps) <= 32768 else 1)
+        if cuda:
+            torch.cuda.empty_cache()
+        try:
+            times, peaks = [], []
+            for _ in range(n):
+                dt, peak, m = step(batch)
+                times.append(dt)
+                peaks.append(peak)
+            pt.update(status="ok", step_s=statistics.median(times), times=times,
+                      peak_gib=max(peaks) if cuda else None,
+                      reserved_gib=m.get(f"perf/update_{prefix}/max_memory_reserved_gb") if cuda else None,
+                      offloaded_gib=m.get(f"perf/update_{prefix}/offloaded_activation_gb"))
+        except Exception as e:  # noqa: BLE001
+            if not is_oom(e):
+                raise
+            pt.update(status="oom")
+        del batch
+        extra = f" tokens/s {pt['valid_tokens'] / pt['step_s']:.0f} micro-batches {pt['micro_batches']}" \
+            if a.shaping and pt["status"] == "ok" else ""
+        what = f"batch of {valid} tokens" if a.shaping else f"response {pt['len']}"
+        print(f"[{s.name}] {what}: " + (f"peak {_gib(pt['peak_gib'])} GiB step {pt['step_s']:.3f}s{extra}"
+                                                if pt["status"] == "ok" else "OOM"), flush=True)
+        res["points"].append(pt)
+        print("POINT " + json.dumps(pt), flush=True)
+        if pt["status"] == "oom":
+            break
+    print("RESULT " + json.dumps(res), flush=True)
+    torch.distributed.destroy_process_group()
+
+
+def _gib(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+# ---- the driver -----------------------------------------------------------------------------------------------
+def model_dir(a) -> str:
+    """An HF directory for --shape: the builtin tiny model, or the 1.5B dims with seeded random bf16 weights,
+    written once (atomically) and reused."""
+    if a.shape == "tiny":
+        from rlx.models import resolve_model_path
+
+        return resolve_model_path("builtin://tiny-qwen2")
+    import hashlib
+
+    spec = json.dumps(QWEN_1_5B, sort_keys=True)
+    path = a.model_dir or os.path.join(tempfile.gettempdir(),
+                                       f"rlx-bench-qwen2-1.5b-{hashlib.sha256(spec.encode()).hexdigest()[:8]}")
+    if os.path.exists(os.path.join(path, ".complete")):
+        return path
+    import torch
+    import transformers
+
+    t = time.perf_counter()
+    cfg = transformers.AutoConfig.for_model(**QWEN_1_5B, initializer_range=0.02, dtype="bfloat16")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".rlx-bench-")
+    model.save_pretrained(tmp)
+    open(os.path.join(tmp, ".complete"), "w").close()
+    os.rename(tmp, path)
+    print(f"wrote random-weight 1.5B model to {path} in {time.perf_counter() - t:.0f}s", flush=True)
+    return path
+
+
+def run_child(a, scheme: str, points: list[int] | None = None, warmup_len: int = 0) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_port()), PYTHONUNBUFFERED="1",
+               PYTHONPATH=root + os.pathsep + env.get("PYTHONPATH", ""))
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--scheme", scheme, "--model-path", a.model_path,
+           "--shape", a.shape, "--device", a.device, "--cap-gib", str(a.cap_gib), "--prompt", str(a.prompt),
+           "--tile-tokens", str(a.tile_tokens), "--chunk-size", str(a.chunk_size), "--micro", str(a.micro),
+           "--max-tokens", str(a.max_tokens), "--rows", str(a.rows), "--group", str(a.group),
+           "--resp-range", f"{a.resp_range[0]},{a.resp_range[1]}", "--steps", str(a.steps),
+           "--short-steps", str(a.short_steps), "--seed", str(a.seed)]
+    if a.shaping:
+        cmd.append("--shaping")
+    else:
+        cmd += ["--points", ",".join(map(str, points)), "--warmup-len", str(warmup_len)]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timer = threading.Timer(a.run_timeout, p.kill)  # one hung run must not take the whole benchmark down
+    timer.start()
+    res, pts = None, []
+    for line in p.stdout:
+        if line.startswith("RESULT "):
+            res = json.loads(line[len("RESULT "):])
+        elif line.startswith("POINT "):
+            pts.append(json.loads(line[len("POINT "):]))
+        elif not any(x in line for x in ("Warning", "warnings.warn", "output = self._register", "Loading weights")):
+            print(line, end="", flush=True)
+    p.wait()
+    timer.cancel()
+    if res is None:  # crashed or killed: keep the points it finished
+        res = dict(scheme=scheme, mode="shaping" if a.shaping else "long", points=pts, error=f"exit {p.returncode}")
+    return res
+
+
+def slope_kb(points: list[dict]) -> tuple[float | None, str]:
+    """Peak growth per response token in KB (1000 B): 32k to 131k, else the widest pair of fitting lengths."""
+    fit = {p["len"]: p["peak_gib"] for p in points if p["status"] == "ok" and p.get("peak_gib") is not None}
+    if 32768 in fit and 131072 in fit:
+        lo, hi = 32768, 131072
+    elif len(fit) >= 2:
+        ls = sorted(fit)
+        lo, hi = (32768 if 32768 in fit and ls[-1] > 32768 else ls[0]), ls[-1]
+    else:
+        return None, ""
+    return (fit[hi] - fit[lo]) * GiB / (hi - lo) / 1e3, f"{_k(lo)}-{_k(hi)}"
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def next_search(points: list[dict], cap_gib: float, search_max: int, round_to: int) -> tuple[int, float] | None:
+    """(length to try, uncapped extrapolation) past the longest fitting response, or None when nothing is left
+    to search: the last two fitting lengths' slope extrapolated to SEARCH_MARGIN of the cap, at most search_max,
+    and below the shortest OOM (at most half-way to it, so a failed try is followed by a bisection step)."""
+    fit = sorted((p["len"], p["peak_gib"]) for p in points if p["status"] == "ok" and p.get("peak_gib") is not None)
+    ooms = [p["len"] for p in points if p["status"] == "oom"]
+    if len(fit) < 2 or not cap_gib:
+        return None
+    (l1, m1), (l2, m2) = fit[-2], fit[-1]
+    slope = (m2 - m1) / (l2 - l1)
+    est = l2 + (cap_gib * SEARCH_MARGIN - m2) / slope if slope > 0 else float("inf")
+    above = [n for n in ooms if n > l2]
+    hi = min([search_max] + [n - round_to for n in above] + [(l2 + n) // 2 for n in above if n > l2 + 2 * round_to])
+    n = int(min(est, hi)) // round_to * round_to
+    return (n, est) if n > l2 else None
+
+
+def search(a, scheme: str, res: dict) -> None:
+    """Longest response that fits past the listed lengths: extrapolate, confirm in a fresh process (warm-up at
+    the first length, then the one point); on OOM one more try half-way back."""
+    for _ in range(a.search_tries):
+        nxt = next_search(res["points"] + res.get("search", []), a.cap_gib, a.search_max, a.round_to)
+        if nxt is None:
+            return
+        n, est = nxt
+        res["extrapolated"] = est
+        print(f"[{scheme}] search: extrapolated {est:.0f} tokens, trying {n}", flush=True)
+        r = run_child(a, scheme, [n], a.lengths[0])
+        pts = r["points"] or [dict(len=n, status="oom" if "error" not in r else "error")]
+        res.setdefault("search", []).extend(pts)
+        if pts[-1]["status"] != "oom":
+            return
+
+
+def longest(res: dict, search_max: int) -> str:
+    pts = res.get("points", []) + res.get("search", [])
+    ok = [p["len"] for p in pts if p["status"] == "ok"]
+    if not ok:
+        return "none"
+    best = max(ok)
+    oom = [p["len"] for p in pts if p["status"] == "oom" and p["len"] > best]
+    tail = f" (<{min(oom)} OOM)" if oom else ""
+    if not oom and best >= search_max:
+        est = res.get("extrapolated")
+        tail = " (searched up to here" + (f"; extrapolated {est / 1e3:.0f}k)" if est and est != float("inf") else ")")
+    return f"{best}{tail}"
+
+
+def print_tables(results: list[dict], search_max: int) -> None:
+    done = [r for r in results if r.get("device")]
+    dev = done[0]["device"] if done else "?"
+    cap = done[0].get("cap_gib") if done else None
+    where = f"{dev}, cap {cap:g} GiB" if cap else dev
+    long_ = [r for r in results if r.get("mode") == "long"]
+    if long_:
+        lengths = sorted({p["len"] for r in long_ for p in r["points"]})
+        print(f"\n### RL update, long responses: {done[0].get('shape', '?')} dims, FSDP2 "
+              f"{done[0].get('precision', '?')} compute (fp32 master weights and AdamW), "
+              f"batch 1, prompt {done[0].get('prompt', '?')}, {where}")
+        print("cell: peak GiB / step s (OOM: did not fit; blank: not run); static: params+grads+AdamW after warm-up; "
+              "KB/token: peak growth per response token\n")
+        print("| scheme | switches | static GiB | " + " | ".join(_k(n) for n in lengths) +
+              " | longest response that fits | KB/token |")
+        print("|---|---|---|" + "---|" * len(lengths) + "---|---|")
+        for r in long_:
+            by = {p["len"]: p for p in r["points"]}
+            cells = []
+            for n in lengths:
+                p = by.get(n)
+                cells.append("" if p is None else "OOM" if p["status"] == "oom" else p["status"]
+                             if p["status"] != "ok" else f"{_gib(p['peak_gib'])} / {p['step_s']:.2f}")
+            kb, span = slope_kb(r["points"])
+            err = f" ({r['error']})" if "error" in r else ""
+            print(f"| {r['scheme']}{err} | {r.get('switches', '?')} | {_gib(r.get('static_gib'))} | " + " | ".join(cells) +
+                  f" | {longest(r, search_max)} | " + (f"{kb:.0f} ({span})" if kb is not None else "-") + " |")
+    shaping = [r for r in results if r.get("mode") == "shaping"]
+    if shaping:
+        pt0 = next((p for r in shaping for p in r["points"]), {})
+        resp = pt0.get("resp_lens", [])
+        print(f"\n### RL update, batch shaping (GRPO): {len(resp)} rows, responses {min(resp, default=0)}.."
+              f"{max(resp, default=0)} (seeded), {pt0.get('valid_tokens', '?')} valid tokens in every variant, "
+              f"{done[0].get('shape', '?')} dims, {where}\n")
+        print("| variant | switches | micro-batches | tokens computed | step s | valid tokens/s | x first row "
+              "| peak GiB |")
+        print("|---|---|---|---|---|---|---|---|")
+        base = None
+        for r in shaping:
+            p = r["points"][0] if r["points"] else {"status": r.get("error", "error")}
+            if p["status"] != "ok":
+                print(f"| {r['scheme']} | {r.get('switches', '?')} | | | {p['status']} | | | |")
+                continue
+            tps = p["valid_tokens"] / p["step_s"]
+            base = base or tps
+            print(f"| {r['scheme']} | {r.get('switches', '?')} | {p['micro_batches']} | {p['computed_tokens']} | "
+                  f"{p['step_s']:.3f} | {tps:.0f} | {tps / base:.2f} | {_gib(p['peak_gib'])} |")
+    if any(r.get("shape") == "1.5b" for r in done):
+        print_targets(results)
+
+
+def print_targets(results: list[dict]) -> None:
+    """The issue's targets, checked on whichever schemes these results hold."""
+    by = {r["scheme"]: r for r in results}
+
+    def pt(scheme, n):
+        r = by.get(scheme)
+        return next((p for p in r.get("points", []) + r.get("search", []) if p["len"] == n), None) if r else None
+
+    def step(scheme, n):
+        p = pt(scheme, n)
+        return p["step_s"] if p and p["status"] == "ok" else None
+
+    lines = []
+    r = by.get("offload_ckpt_fused_tile")
+    if r:
+        kb, span = slope_kb(r["points"])
+        if kb is not None:
+            lines.append((f"offload_ckpt_fused_tile slope {kb:.0f} KB/token ({span}) <= 50", kb <= 50))
+        ok = [p["len"] for p in r["points"] + r.get("search", []) if p["status"] == "ok"]
+        lines.append((f"offload_ckpt_fused_tile fits a 262144-token response (longest fitting: {max(ok, default=0)})",
+                      max(ok, default=0) >= 262144))
+    a, b = step("ckpt_fused", 8192), step("ckpt", 8192)
+    if a and b:
+        lines.append((f"ckpt_fused / ckpt step at 8k = {a / b:.3f} <= 1.03", a / b <= 1.03))
+    for n in (32768, 131072):
+        a, b = step("offload_ckpt_fused", n), step("ckpt_fused", n)
+        if a and b:
+            lines.append((f"offload_ckpt_fused / ckpt_fused step at {_k(n)} = {a / b:.3f} <= 1.03", a / b <= 1.03))
+    sh = {r["scheme"]: r for r in results if r.get("mode") == "shaping" and r["points"]
+          and r["points"][0]["status"] == "ok"}
+    pad = next((r for n, r in sh.items() if "rmpad" not in n and "dyn" not in n), None)
+    dyn = next((r for n, r in sh.items() if "rmpad" in n and "dyn" in n), None)
+    if pad and dyn:
+        x = pad["points"][0]["step_s"] / dyn["points"][0]["step_s"]
+        lines.append((f"{dyn['scheme']} / {pad['scheme']} valid tokens/s = {x:.2f} >= 1.5", x >= 1.5))
+    if lines:
+        print("\ntargets:")
+        for text, ok in lines:
+            print(f"- {'PASS' if ok else 'FAIL'}: {text}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=TIME_HINT,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="1.5b", choices=sorted(PRESETS))
+    ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    ap.add_argument("--cap-gib", type=float, default=80.0,
+                    help="cap the device memory (torch.cuda.set_per_process_memory_fraction); 0: no cap")
+    ap.add_argument("--schemes", default="", help=f"comma-separated scheme names (default {','.join(LONG_SCHEMES)}; "
+                    f"with --critic {','.join(CRITIC_SCHEMES)}; with --shaping {','.join(SHAPING_SCHEMES)})")
+    ap.add_argument("--critic", action="store_true", help="the critic's default schemes (update_critic)")
+    ap.add_argument("--shaping", action="store_true", help="padded vs remove padding vs + dynamic batch size")
+    ap.add_argument("--lengths", default="", help="response lengths (default per shape: 1.5b 8192,32768,65536,131072)")
+    ap.add_argument("--prompt", type=int, default=0, help="prompt tokens (default per shape: 512)")
+    ap.add_argument("--search-max", type=int, default=0, help="longest response the search tries (1.5b: 262144)")
+    ap.add_argument("--search-tries", type=int, default=2, help="processes the longest-fit search may start (0: off)")
+    ap.add_argument("--tile-tokens", type=int, default=0, help="tokens per MLP tile of `tile` (1.5b: 8192)")
+    ap.add_argument("--chunk-size", type=int, default=0, help="tokens per chunk of the fused head (1.5b: 2048)")
+    ap.add_argument("--short-steps", type=int, default=3, help="timed steps (median) at lengths <= 32768")
+    ap.add_argument("--rows", type=int, default=0, help="--shaping: rows (1.5b: 32)")
+    ap.add_argument("--group", type=int, default=8, help="--shaping: GRPO group size of the advantages")
+    ap.add_argument("--resp-range", default="", help="--shaping: response lengths lo,hi (1.5b: 512,4096)")
+    ap.add_argument("--micro", type=int, default=0, help="--shaping: ppo_micro_batch_size_per_gpu (1.5b: 4)")
+    ap.add_argument("--max-tokens", type=int, default=0, help="--shaping: ppo_max_token_len_per_gpu of `dyn` "
+                    "(1.5b: 16384)")
+    ap.add_argument("--steps", type=int, default=2, help="--shaping: timed steps after one warm-up (median)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model-dir", default="", help="where the 1.5B random-weight model is written (and reused)")
+    ap.add_argument("--run-timeout", type=float, default=560.0, help="seconds before one process is killed")
+    ap.add_argument("--json", default=os.environ.get("OUT") and os.path.join(os.environ["OUT"], "bench_rl_update.json"),
+                    help="write the results here (default $OUT/bench_rl_update.json when $OUT is set)")
+    ap.add_argument("--table", default="", help="print the tables and targets of these JSON files, run nothing")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--scheme", help=argparse.SUPPRESS)
+    ap.add_argument("--points", help=argparse.SUPPRESS)
+    ap.add_argument("--warmup-len", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--model-path", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    pre = PRESETS[a.shape]
+    a.lengths = [int(x) for x in a.lengths.split(",") if x] or pre["lengths"]
+    a.prompt = a.prompt or pre["prompt"]
+    a.search_max = a.search_max or pre["search_max"]
+    a.tile_tokens = a.tile_tokens or pre["tile"]
+    a.chunk_size = a.chunk_size or pre["chunk"]
+    a.rows, a.micro, a.max_tokens = a.rows or pre["rows"], a.micro or pre["micro"], a.max_tokens or pre["max_tokens"]
+    a.resp_range = tuple(int(x) for x in a.resp_range.split(",")) if a.resp_range else pre["resp"]
+    a.round_to = pre["round_to"]
+    if a.worker:
+        a.points = [int(x) for x in a.points.split(",")] if a.points else []
+        worker(a)
+        return
+    if a.table:
+        results = []
+        for f in a.table.split(","):
+            with open(f) as fh:
+                results += json.load(fh)["results"]
+        print_tables(results, a.search_max)
+        return
+    if a.device == "auto":
+        import torch
+
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    schemes = [x for x in a.schemes.split(",") if x] or \
+        (SHAPING_SCHEMES if a.shaping else CRITIC_SCHEMES if a.critic else LONG_SCHEMES)
+    for s in schemes:
+        parse_scheme(s, a)  # a typo fails here, not after the first scheme's run
+    a.model_path = model_dir(a)
+    results = []
+    for scheme in schemes:
+        res = run_child(a, scheme, a.lengths, a.lengths[0])
+        if not a.shaping and a.device == "cuda" and "error" not in res:
+            search(a, scheme, res)
+        results.append(res)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(dict(results=results), f, indent=1)
+    print_tables(results, a.search_max)
+
+
+if __name__ == "__main__":
+    main()
