@@ -539,7 +539,7 @@ def print_targets(results: list[dict]) -> None:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=TIME_HINT,
+    ap = argparse.ArgumentParser(description=__doc__, epilog=TIME_HINT,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="1.5b", choices=sorted(PRESETS))
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
