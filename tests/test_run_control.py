@@ -1,0 +1,85 @@
+"""What ends a run: a reward that is not a finite number, optimizer steps skipped again and again, SIGTERM."""
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlx import checkpoint as ckpt
+from rlx.trainer.ppo_trainer import SkippedStepGuard, TrainingStopped
+
+from conftest import REPO
+from test_e2e import SMALL
+
+
+def test_skipped_steps_are_counted_and_stop_the_run(caplog):
+    guard = SkippedStepGuard(limit=3)
+    ok, bad = {"actor/grad_norm": 0.5}, {"actor/grad_norm": math.nan, "critic/grad_norm": 1.0}
+    with caplog.at_level("WARNING", logger="rlx"):
+        for step, m in enumerate([dict(bad), dict(bad), dict(ok), dict(bad), dict(bad)], start=1):
+            guard.check(m, step)
+            assert m["actor/skipped_steps"] == (0.0 if m is ok or m["actor/grad_norm"] == 0.5 else 1.0)
+        assert "step 5: optimizer step skipped" in caplog.text and "2 consecutive" in caplog.text
+        with pytest.raises(TrainingStopped, match="3 consecutive steps.*max_consecutive_skipped_steps"):
+            guard.check(dict(bad), 6)
+    # the engine's own count wins over the one derived from the norm; critic skips count too
+    m = {"actor/grad_norm": 0.3, "critic/grad_norm": math.inf, "critic/skipped_steps": 2.0}
+    SkippedStepGuard(limit=0).check(m, 1)
+    assert m["actor/skipped_steps"] == 0.0 and m["critic/skipped_steps"] == 2.0
+    never = SkippedStepGuard(limit=0)
+    for step in range(10):
+        never.check({"actor/grad_norm": math.nan}, step)  # 0: never stops
+
+
+def test_nan_reward_stops_the_run_naming_the_function(ray_local, tmp_path, capsys):
+    from rlx.trainer.main_ppo import main
+
+    reward = tmp_path / "nan_reward.py"
+    reward.write_text("def broken_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float('nan')\n")
+    code = main(SMALL + ["actor_rollout_ref.rollout.name=hf", "trainer.val_before_train=False",
+                         f"custom_reward_function.path={reward}", "custom_reward_function.name=broken_score",
+                         f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.logger=console"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "rlx: training stopped: step 1: reward function broken_score" in err and str(reward) in err
+    assert "data_source='synthetic/digits'" in err and "reward_model.non_finite_score" in err
+
+
+def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
+    """SIGTERM mid-run: exit 143, no stack dump, every process of the run gone, the last checkpoint complete."""
+    import psutil
+
+    root = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlx.trainer.main_ppo", *SMALL, "trainer.total_training_steps=100",
+         "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.val_before_train=False",
+         "actor_rollout_ref.rollout.name=hf", "trainer.logger=console", f"trainer.default_local_dir={root}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step:2 "):
+                break
+        assert proc.poll() is None, proc.stderr.read()
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert any("raylet" in p.name() for p in family)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-3000:]
+    assert "Traceback" not in err and "Fatal Python error" not in err and "Aborted" not in err, err[-3000:]
+    assert "rlx: SIGTERM at step" in err and "is kept" in err
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        left = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, [(p.pid, p.name()) for p in left]
+    steps = ckpt.list_steps(str(root))
+    assert steps and steps[-1] >= 2 and ckpt.verify(ckpt.step_dir(str(root), steps[-1])) == []
