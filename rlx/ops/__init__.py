@@ -1,0 +1,13 @@
+"""Memory-saving compute ops for the training engine (pure torch; CPU and CUDA alike).
+
+- `log_probs_from_hidden`: the LM head's per-token log-probs (and entropy) computed in token chunks, never
+  materialising the `[tokens, vocab]` logits or their gradient.
+- `apply_tiled_mlp`: each decoder layer's MLP runs in tiles of tokens in forward and backward, so its
+  `[tokens, intermediate_size]` activations exist for one tile at a time.
+"""
+from __future__ import annotations
+
+from .log_prob_head import log_probs_from_hidden
+from .tiled_mlp import TiledMLPHandle, apply_tiled_mlp
+
+__all__ = ["TiledMLPHandle", "apply_tiled_mlp", "log_probs_from_hidden"]

@@ -1,0 +1,130 @@
+"""Per-token log-probs (and entropy) straight from the last hidden states, without the `[N, V]` logits.
+
+The LM head's logits are the largest activation of a policy update: `N` tokens x a vocabulary of ~150k, in
+float32 for the log-softmax, plus the gradient of the same size. `log_probs_from_hidden` with a `chunk_size`
+computes them `chunk_size` tokens at a time:
+
+    forward   z_c = linear(h_c, W, b).float() / T      lse_c = logsumexp(z_c)
+              log_prob_c = z_c[target] - lse_c         entropy_c = lse_c - sum(softmax(z_c) * z_c)
+    backward  recompute z_c;  p = exp(z_c - lse_c)
+              dz = g_lp * (onehot - p) + g_ent * (-p * (z_c - sum(p * z_c)))      (fp32, / T, to h's dtype)
+              grad_h_c = dz @ W      grad_W += dz^T @ h_c      grad_b += sum(dz)   (W and b in fp32 buffers)
+
+Saved for backward: the inputs (hidden, weight, bias, targets) and one float32 logsumexp per token, i.e. per
+token H hidden values + 4 + 8 bytes, where the full path keeps float32 logits-sized tensors (>= 4 V bytes per
+token, several of them); nothing of size N x V. The transient peak is a few `[chunk_size, V]` float32
+tensors. The head's matmul runs once more in backward (as under activation checkpointing). Under no_grad, or
+when nothing needs a gradient, it is the same chunked loop and saves nothing.
+Without a chunk size it is the full-logits reference: `logprobs_from_logits` / `entropy_from_logits` of
+`linear(h, W, b).float() / T`, the math of the actor's log-prob path.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from rlx.trainer import core_algos
+
+__all__ = ["log_probs_from_hidden"]
+
+
+def log_probs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                          targets: torch.Tensor, temperature: float = 1.0, *, chunk_size: Optional[int],
+                          with_entropy: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-prob of `targets` `[N]` (float32) and, if `with_entropy`, the entropy `[N]` (float32) of the
+    distribution `softmax(linear(hidden, weight, bias) / temperature)`.
+
+    hidden `[N, H]` (or `[..., H]` with targets `[...]`), weight `[V, H]` (the LM head, possibly a tied
+    embedding), bias `[V]` or None, targets int64. `chunk_size` None or <= 0: the full-logits reference path;
+    > 0: chunks of that many tokens, never materialising `[N, V]` (see the module docstring).
+    """
+    if chunk_size is None or chunk_size <= 0:
+        logits = F.linear(hidden, weight, bias).float() / temperature
+        log_probs = core_algos.logprobs_from_logits(logits, targets)
+        entropy = core_algos.entropy_from_logits(logits) if with_entropy else None
+        return log_probs, entropy
+    lead = targets.shape
+    h = hidden.reshape(-1, hidden.shape[-1])
+    y = targets.reshape(-1).long()
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    if needs_grad:
+        outs = _ChunkedLogProbs.apply(h, weight, bias, y, float(temperature), int(chunk_size), bool(with_entropy))
+        log_probs, entropy = outs if with_entropy else (outs, None)
+    else:
+        with torch.no_grad():
+            log_probs, entropy, _ = _forward_chunks(h, weight, bias, y, float(temperature), int(chunk_size),
+                                                    bool(with_entropy))
+    return log_probs.reshape(lead), None if entropy is None else entropy.reshape(lead)
+
+
+def _forward_chunks(h, weight, bias, y, temperature: float, chunk: int, with_entropy: bool):
+    """(log_probs, entropy or None, logsumexp), each `[N]` float32, computed `chunk` tokens at a time."""
+    n = h.shape[0]
+    log_probs = torch.empty(n, dtype=torch.float32, device=h.device)
+    lse = torch.empty_like(log_probs)
+    entropy = torch.empty_like(log_probs) if with_entropy else None
+    for s in range(0, n, chunk):
+        e = min(s + chunk, n)
+        z = F.linear(h[s:e], weight, bias).float().div_(temperature)  # a fresh tensor even when float32
+        lse_c = torch.logsumexp(z, dim=-1)
+        lse[s:e] = lse_c
+        log_probs[s:e] = z.gather(-1, y[s:e].unsqueeze(-1)).squeeze(-1) - lse_c
+        if with_entropy:
+            entropy[s:e] = lse_c - torch.softmax(z, dim=-1).mul_(z).sum(dim=-1)
+    return log_probs, entropy, lse
+
+
+class _ChunkedLogProbs(torch.autograd.Function):
+    """Chunked log-prob (and entropy) head; backward recomputes each chunk's logits from the saved inputs."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, y, temperature: float, chunk: int, with_entropy: bool):
+        log_probs, entropy, lse = _forward_chunks(h, weight, bias, y, temperature, chunk, with_entropy)
+        ctx.save_for_backward(h, weight, bias, y, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.set_materialize_grads(False)
+        return (log_probs, entropy) if with_entropy else log_probs
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent=None):
+        h, weight, bias, y, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if g_lp is None and g_ent is None:
+            return (None,) * 7
+        n, temperature = h.shape[0], ctx.temperature
+        grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        for s in range(0, n, ctx.chunk):
+            e = min(s + ctx.chunk, n)
+            h_c = h[s:e]
+            z = F.linear(h_c, weight, bias).float().div_(temperature)
+            p = torch.sub(z, lse[s:e].unsqueeze(-1)).exp_()
+            if g_ent is not None:  # d entropy / dz = -p * (z - sum(p * z))
+                mean_z = (p * z).sum(dim=-1, keepdim=True)
+                dz = z.sub_(mean_z).mul_(p).mul_(-g_ent[s:e].unsqueeze(-1))
+                if g_lp is not None:
+                    dz.sub_(p.mul_(g_lp[s:e].unsqueeze(-1)))
+            else:
+                dz = p.mul_(-g_lp[s:e].unsqueeze(-1))
+            if g_lp is not None:  # d log_prob / dz = onehot(target) - p
+                dz.scatter_add_(-1, y[s:e].unsqueeze(-1), g_lp[s:e].unsqueeze(-1).to(dz.dtype))
+            dz = dz.div_(temperature).to(h.dtype)
+            if need_h:
+                torch.mm(dz, weight, out=grad_h[s:e])
+            if need_w:
+                _accumulate_mm(grad_w, dz.t(), h_c)
+            if need_b:
+                grad_b.add_(dz.sum(dim=0, dtype=torch.float32))
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
+
+
+def _accumulate_mm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc (float32) += a @ b: in place for float32 inputs; a low-precision product is added in float32."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    else:
+        acc.add_(torch.mm(a, b))
