@@ -74,6 +74,9 @@ def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
     assert proc.returncode == 143, err[-3000:]
     assert "Traceback" not in err and "Fatal Python error" not in err and "Aborted" not in err, err[-3000:]
     assert "rlx: SIGTERM at step" in err and "is kept" in err
+    # a quiet console: workers' output stays in Ray's log folder, whose path is printed
+    assert "rlx: worker output (vLLM, FSDP, Ray) goes to" in err and "(ActorRolloutRefWorker pid=" not in err
+    assert "Token authentication is enabled" not in err
     deadline = time.time() + 15
     while time.time() < deadline:
         left = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

