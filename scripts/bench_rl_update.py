@@ -74,15 +74,17 @@ PRESETS = {
     "tiny": dict(lengths=[64, 128, 256], prompt=16, search_max=480, tile=64, chunk=32,
                  rows=8, resp=(32, 256), micro=4, max_tokens=1024, round_to=16),
 }
+NOISE = ("Warning", "warnings.warn", "output = self._register", "Loading weights", "register_resolver",
+         "omegaconf/issues/426", "register_new_resolver(", "version_base = version.getbase()")  # child lines not shown
 SEARCH_MARGIN = 0.97  # extrapolate to this fraction of the cap: allocator fragmentation headroom
 TIME_HINT = """\
-time on one H200 (estimates; the first run on a machine adds ~1 min to write the 1.5B weights): ~40 s per
-process to start and load; a full-logits scheme ~2 min (OOM by 64k), a chunked-head scheme ~3-4 min
-(131k ~20-25 s a step, the search's 262144-token point ~1.5 min in its own process), --shaping ~3 min.
-Chunks that fit in 10 minutes each (every chunk writes $OUT/bench_rl_update.json; --table merges them):
-  --cap-gib 80 --schemes ckpt,ckpt_fused
-  --cap-gib 80 --schemes offload_ckpt,offload_ckpt_fused
-  --cap-gib 80 --schemes offload_ckpt_fused_tile
+time on one H200 (measured at 8k, estimated above): the first run on a machine writes the 1.5B weights (~20 s);
+each process ~20-25 s to start and load; an 8k update ~0.5 s, 131k ~20 s, 262k ~1.3 min (attention is
+quadratic). A full-logits scheme ~1.5-2 min (OOM at 32k or 64k, then up to two short search processes); a
+chunked-head scheme ~3 min (its search confirms 262144 in a second process); --shaping ~3 min.
+Chunks that fit in 10 minutes each (each writes $OUT/bench_rl_update.json; --table a.json,b.json,... merges):
+  --cap-gib 80 --schemes ckpt,ckpt_fused,offload_ckpt
+  --cap-gib 80 --schemes offload_ckpt_fused,offload_ckpt_fused_tile
   --cap-gib 80 --critic
   --cap-gib 80 --shaping"""
 
@@ -327,7 +329,7 @@ def model_dir(a) -> str:
         return resolve_model_path("builtin://tiny-qwen2")
     import hashlib
 
-    spec = json.dumps(QWEN_1_5B, sort_keys=True)
+    spec = json.dumps(dict(QWEN_1_5B, weights="bf16 N(0, 0.02), norms 1, biases 0, seed 0"), sort_keys=True)
     path = a.model_dir or os.path.join(tempfile.gettempdir(),
                                        f"rlx-bench-qwen2-1.5b-{hashlib.sha256(spec.encode()).hexdigest()[:8]}")
     if os.path.exists(os.path.join(path, ".complete")):
@@ -337,8 +339,20 @@ def model_dir(a) -> str:
 
     t = time.perf_counter()
     cfg = transformers.AutoConfig.for_model(**QWEN_1_5B, initializer_range=0.02, dtype="bfloat16")
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    with torch.device("meta"):  # no init pass: each parameter is drawn once below
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.to_empty(device="cpu")
+    if cfg.tie_word_embeddings:  # to_empty gave the tied head its own storage
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # shared (tied) parameters come once
+            if "norm" in name:
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02, generator=g)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".rlx-bench-")
     model.save_pretrained(tmp)
     open(os.path.join(tmp, ".complete"), "w").close()
@@ -372,7 +386,7 @@ def run_child(a, scheme: str, points: list[int] | None = None, warmup_len: int =
             res = json.loads(line[len("RESULT "):])
         elif line.startswith("POINT "):
             pts.append(json.loads(line[len("POINT "):]))
-        elif not any(x in line for x in ("Warning", "warnings.warn", "output = self._register", "Loading weights")):
+        elif line.strip() and not any(x in line for x in NOISE):
             print(line, end="", flush=True)
     p.wait()
     timer.cancel()
@@ -391,44 +405,46 @@ def slope_kb(points: list[dict]) -> tuple[float | None, str]:
         lo, hi = (32768 if 32768 in fit and ls[-1] > 32768 else ls[0]), ls[-1]
     else:
         return None, ""
-    return (fit[hi] - fit[lo]) * GiB / (hi - lo) / 1e3, f"{_k(lo)}-{_k(hi)}"
+    return (fit[hi] - fit[lo]) * GiB / (hi - lo) / 1e3, f"{lo}-{hi}"
 
 
-def _k(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
-
-
-def next_search(points: list[dict], cap_gib: float, search_max: int, round_to: int) -> tuple[int, float] | None:
-    """(length to try, uncapped extrapolation) past the longest fitting response, or None when nothing is left
-    to search: the last two fitting lengths' slope extrapolated to SEARCH_MARGIN of the cap, at most search_max,
-    and below the shortest OOM (at most half-way to it, so a failed try is followed by a bisection step)."""
+def next_search(points: list[dict], cap_gib: float, search_max: int, round_to: int) -> tuple[int, float | None] | None:
+    """(length to try, uncapped extrapolation or None if the peak did not grow) past the longest fitting
+    response, or None when nothing is left to search: the last two fitting lengths' slope extrapolated to
+    SEARCH_MARGIN of the cap, at most search_max, and below the shortest OOM (at most half-way to it, so a
+    failed try is followed by a bisection step; with a single fitting length, half-way to the OOM)."""
     fit = sorted((p["len"], p["peak_gib"]) for p in points if p["status"] == "ok" and p.get("peak_gib") is not None)
-    ooms = [p["len"] for p in points if p["status"] == "oom"]
-    if len(fit) < 2 or not cap_gib:
+    if not fit or not cap_gib:
         return None
-    (l1, m1), (l2, m2) = fit[-2], fit[-1]
-    slope = (m2 - m1) / (l2 - l1)
-    est = l2 + (cap_gib * SEARCH_MARGIN - m2) / slope if slope > 0 else float("inf")
-    above = [n for n in ooms if n > l2]
+    l2, m2 = fit[-1]
+    above = [p["len"] for p in points if p["status"] == "oom" and p["len"] > l2]
+    if len(fit) < 2 and not above:
+        return None
+    est = None  # one fitting length and an OOM above it: bisect
+    if len(fit) >= 2:
+        l1, m1 = fit[-2]
+        slope = (m2 - m1) / (l2 - l1)
+        est = l2 + (cap_gib * SEARCH_MARGIN - m2) / slope if slope > 0 else None
     hi = min([search_max] + [n - round_to for n in above] + [(l2 + n) // 2 for n in above if n > l2 + 2 * round_to])
-    n = int(min(est, hi)) // round_to * round_to
+    n = int(hi if est is None else min(est, hi)) // round_to * round_to
     return (n, est) if n > l2 else None
 
 
 def search(a, scheme: str, res: dict) -> None:
     """Longest response that fits past the listed lengths: extrapolate, confirm in a fresh process (warm-up at
-    the first length, then the one point); on OOM one more try half-way back."""
+    the first length, then the one point); up to --search-tries such processes, each narrowing the bracket
+    (none once search_max fits)."""
     for _ in range(a.search_tries):
         nxt = next_search(res["points"] + res.get("search", []), a.cap_gib, a.search_max, a.round_to)
         if nxt is None:
             return
         n, est = nxt
         res["extrapolated"] = est
-        print(f"[{scheme}] search: extrapolated {est:.0f} tokens, trying {n}", flush=True)
+        print(f"[{scheme}] search: extrapolated {est and round(est)} tokens, trying {n}", flush=True)
         r = run_child(a, scheme, [n], a.lengths[0])
         pts = r["points"] or [dict(len=n, status="oom" if "error" not in r else "error")]
         res.setdefault("search", []).extend(pts)
-        if pts[-1]["status"] != "oom":
+        if pts[-1]["status"] not in ("ok", "oom"):
             return
 
 
@@ -439,10 +455,10 @@ def longest(res: dict, search_max: int) -> str:
         return "none"
     best = max(ok)
     oom = [p["len"] for p in pts if p["status"] == "oom" and p["len"] > best]
-    tail = f" (<{min(oom)} OOM)" if oom else ""
+    tail = f" (<{min(oom)} OOM)" if oom else " (not searched)"
     if not oom and best >= search_max:
         est = res.get("extrapolated")
-        tail = " (searched up to here" + (f"; extrapolated {est / 1e3:.0f}k)" if est and est != float("inf") else ")")
+        tail = " (searched up to here" + (f"; extrapolated {est / 1024:.0f}k)" if est else ")")
     return f"{best}{tail}"
 
 
@@ -457,9 +473,9 @@ def print_tables(results: list[dict], search_max: int) -> None:
         print(f"\n### RL update, long responses: {done[0].get('shape', '?')} dims, FSDP2 "
               f"{done[0].get('precision', '?')} compute (fp32 master weights and AdamW), "
               f"batch 1, prompt {done[0].get('prompt', '?')}, {where}")
-        print("cell: peak GiB / step s (OOM: did not fit; blank: not run); static: params+grads+AdamW after warm-up; "
+        print("cell: peak GiB / step s (OOM: did not fit; blank: not run); static: params + AdamW state (fp32) held between updates; "
               "KB/token: peak growth per response token\n")
-        print("| scheme | switches | static GiB | " + " | ".join(_k(n) for n in lengths) +
+        print("| scheme | switches | static GiB | " + " | ".join(str(n) for n in lengths) +
               " | longest response that fits | KB/token |")
         print("|---|---|---|" + "---|" * len(lengths) + "---|---|")
         for r in long_:
@@ -471,8 +487,9 @@ def print_tables(results: list[dict], search_max: int) -> None:
                              if p["status"] != "ok" else f"{_gib(p['peak_gib'])} / {p['step_s']:.2f}")
             kb, span = slope_kb(r["points"])
             err = f" ({r['error']})" if "error" in r else ""
-            print(f"| {r['scheme']}{err} | {r.get('switches', '?')} | {_gib(r.get('static_gib'))} | " + " | ".join(cells) +
-                  f" | {longest(r, search_max)} | " + (f"{kb:.0f} ({span})" if kb is not None else "-") + " |")
+            print(f"| {r['scheme']}{err} | {r.get('switches', '?')} | {_gib(r.get('static_gib'))} | "
+                  + " | ".join(cells) + f" | {longest(r, search_max)} | "
+                  + (f"{kb:.0f} ({span})" if kb is not None else "-") + " |")
     shaping = [r for r in results if r.get("mode") == "shaping"]
     if shaping:
         pt0 = next((p for r in shaping for p in r["points"]), {})
@@ -480,8 +497,8 @@ def print_tables(results: list[dict], search_max: int) -> None:
         print(f"\n### RL update, batch shaping (GRPO): {len(resp)} rows, responses {min(resp, default=0)}.."
               f"{max(resp, default=0)} (seeded), {pt0.get('valid_tokens', '?')} valid tokens in every variant, "
               f"{done[0].get('shape', '?')} dims, {where}\n")
-        print("| variant | switches | micro-batches | tokens computed | step s | valid tokens/s | x first row "
-              "| peak GiB |")
+        print(f"| variant | switches | micro-batches | tokens computed | step s | valid tokens/s | "
+              f"x {shaping[0]['scheme']} | peak GiB |")
         print("|---|---|---|---|---|---|---|---|")
         base = None
         for r in shaping:
@@ -515,16 +532,19 @@ def print_targets(results: list[dict]) -> None:
         kb, span = slope_kb(r["points"])
         if kb is not None:
             lines.append((f"offload_ckpt_fused_tile slope {kb:.0f} KB/token ({span}) <= 50", kb <= 50))
-        ok = [p["len"] for p in r["points"] + r.get("search", []) if p["status"] == "ok"]
-        lines.append((f"offload_ckpt_fused_tile fits a 262144-token response (longest fitting: {max(ok, default=0)})",
-                      max(ok, default=0) >= 262144))
+        pts = r["points"] + r.get("search", [])
+        best = max([p["len"] for p in pts if p["status"] == "ok"], default=0)
+        short_oom = any(p["status"] == "oom" and p["len"] <= 262144 for p in pts)
+        if best >= 262144 or short_oom:
+            lines.append((f"offload_ckpt_fused_tile fits a 262144-token response (longest fitting: {best})",
+                          best >= 262144))
     a, b = step("ckpt_fused", 8192), step("ckpt", 8192)
     if a and b:
         lines.append((f"ckpt_fused / ckpt step at 8k = {a / b:.3f} <= 1.03", a / b <= 1.03))
     for n in (32768, 131072):
         a, b = step("offload_ckpt_fused", n), step("ckpt_fused", n)
         if a and b:
-            lines.append((f"offload_ckpt_fused / ckpt_fused step at {_k(n)} = {a / b:.3f} <= 1.03", a / b <= 1.03))
+            lines.append((f"offload_ckpt_fused / ckpt_fused step at {n} = {a / b:.3f} <= 1.03", a / b <= 1.03))
     sh = {r["scheme"]: r for r in results if r.get("mode") == "shaping" and r["points"]
           and r["points"][0]["status"] == "ok"}
     pad = next((r for n, r in sh.items() if "rmpad" not in n and "dyn" not in n), None)
@@ -612,7 +632,7 @@ def main():
         results.append(res)
         if a.json:
             with open(a.json, "w") as f:
-                json.dump(dict(results=results), f, indent=1)
+                json.dump(dict(argv=sys.argv[1:], results=results), f, indent=1)
     print_tables(results, a.search_max)
 
 
