@@ -20,18 +20,22 @@ def test_skipped_steps_are_counted_and_stop_the_run(caplog):
     ok, bad = {"actor/grad_norm": 0.5}, {"actor/grad_norm": math.nan, "critic/grad_norm": 1.0}
     with caplog.at_level("WARNING", logger="rlx"):
         for step, m in enumerate([dict(bad), dict(bad), dict(ok), dict(bad), dict(bad)], start=1):
-            guard.check(m, step)
-            assert m["actor/skipped_steps"] == (0.0 if m is ok or m["actor/grad_norm"] == 0.5 else 1.0)
+            guard.count(m, step)
+            guard.stop_if_stuck(step)
+            assert m["actor/skipped_steps"] == (0.0 if m["actor/grad_norm"] == 0.5 else 1.0)
+            assert m["critic/skipped_steps"] == 0.0 if "critic/grad_norm" in m else "critic/skipped_steps" not in m
         assert "step 5: optimizer step skipped" in caplog.text and "2 consecutive" in caplog.text
+        guard.count(dict(bad), 6)
         with pytest.raises(TrainingStopped, match="3 consecutive steps.*max_consecutive_skipped_steps"):
-            guard.check(dict(bad), 6)
+            guard.stop_if_stuck(6)
     # the engine's own count wins over the one derived from the norm; critic skips count too
     m = {"actor/grad_norm": 0.3, "critic/grad_norm": math.inf, "critic/skipped_steps": 2.0}
-    SkippedStepGuard(limit=0).check(m, 1)
+    SkippedStepGuard(limit=0).count(m, 1)
     assert m["actor/skipped_steps"] == 0.0 and m["critic/skipped_steps"] == 2.0
     never = SkippedStepGuard(limit=0)
     for step in range(10):
-        never.check({"actor/grad_norm": math.nan}, step)  # 0: never stops
+        never.count({"actor/grad_norm": math.nan}, step)
+        never.stop_if_stuck(step)  # 0: never stops
 
 
 def test_nan_reward_stops_the_run_naming_the_function(ray_local, tmp_path, capsys):
