@@ -11,8 +11,9 @@ the next), the table last:
   synchronised; median of --short-steps at lengths <= 32k, one step above; one untimed warm-up at the first
   length) at each length, stopping at the first OOM; the per-token slope (peak difference / token difference,
   32k to 131k, or the widest fitting pair), and the longest response that fits: extrapolated from the last two
-  fitting lengths' slope to 97% of the cap (at most --search-max), then confirmed in a fresh process (a
-  warm-up at the first length, then that one point; on OOM one more try half-way back).
+  fitting lengths' slope to 97% of the cap (at most --search-max; half-way to an OOM when only one length
+  fits), then confirmed in a fresh process (a warm-up at the first length, then that one point); up to
+  --search-tries such processes, each narrowing the bracket, none once --search-max fits.
 * --shaping: one GRPO update on a seeded batch whose response lengths spread 1:8 (512..4096 at 1.5B), padded
   vs remove padding vs remove padding + dynamic batch size: valid tokens per second (the same valid tokens in
   every variant: it is the same batch) and peak GiB.
