@@ -13,7 +13,7 @@ from conftest import REPO
 
 SMALL = ["trainer.total_training_steps=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.val_files=synthetic://digits/size:8/seed:1",
-         "trainer.logger=[console,tensorboard]"]
+         "trainer.logger=[console,file,tensorboard]"]
 
 
 def train(overrides, tmp_path):
@@ -71,6 +71,11 @@ def test_ppo_gae_critic_fsdp1(ray_local, tmp_path):
                                     "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.use_kl_loss=True",
                                     "trainer.save_freq=2"], tmp_path)
     assert_trained(history, before, after, critic=True)
+    import json
+
+    lines = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2]  # validation before training, then each step
+    assert all(t in lines[-1] for t in EXPECTED_TAGS if "save_checkpoint" not in t), set(EXPECTED_TAGS) - set(lines[-1])
     acc = EventAccumulator(str(tmp_path / "logs" / "tensorboard"))
     acc.Reload()
     missing = [t for t in EXPECTED_TAGS if t not in acc.Tags()["scalars"]]

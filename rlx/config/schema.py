@@ -511,7 +511,7 @@ class TrainerConfig:
     experiment_name: str = "default"
     """Experiment name (loggers, checkpoint dir)."""
     logger: list = field(default_factory=lambda: ["console"])
-    """Loggers: console | tensorboard | wandb."""
+    """Loggers: console | file (metrics.jsonl under <default_local_dir>/logs) | tensorboard | wandb."""
     log_val_generations: int = 0
     """Validation generations printed per validation."""
     nnodes: int = 1

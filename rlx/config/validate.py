@@ -15,7 +15,7 @@ from rlx.trainer.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYP
 STRATEGIES = ("fsdp", "fsdp2")
 ROLLOUT_NAMES = ("auto", "vllm", "hf")
 TRUNCATIONS = ("error", "left", "right", "middle")
-LOGGERS = ("console", "tensorboard", "wandb")
+LOGGERS = ("console", "file", "tensorboard", "wandb")
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 

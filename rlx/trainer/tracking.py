@@ -1,6 +1,8 @@
-"""Loggers named by `trainer.logger`: console, tensorboard, wandb (imported only when asked for)."""
+"""Loggers named by `trainer.logger`: console, file (every metric as one JSON line per step, in
+`<default_local_dir>/logs/metrics.jsonl`), tensorboard, wandb (imported only when asked for)."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -12,7 +14,10 @@ class Tracker:
     def __init__(self, cfg, log_dir: str):
         t = cfg.trainer
         self.loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-        self.tb = self.wandb = None
+        self.tb = self.wandb = self.file = None
+        if "file" in self.loggers:
+            os.makedirs(log_dir, exist_ok=True)
+            self.file = open(os.path.join(log_dir, "metrics.jsonl"), "a")
         if "tensorboard" in self.loggers:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -33,6 +38,9 @@ class Tracker:
             rest = len(metrics) - len(shown)
             line = " | ".join(f"{k}:{v:.4g}" for k, v in sorted(shown.items()))
             print(f"step:{step} | {line} | (+{rest} more metrics)", file=sys.stdout, flush=True)
+        if self.file is not None:
+            self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+            self.file.flush()
         if self.tb is not None:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)
@@ -41,6 +49,8 @@ class Tracker:
             self.wandb.log(metrics, step=step)
 
     def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
         if self.tb is not None:
             self.tb.close()
         if self.wandb is not None:

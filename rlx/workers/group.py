@@ -151,10 +151,12 @@ class WorkerGroup:
         return out.slice(0, size) if pad else out
 
     def run_dp_metrics(self, method: str, batch: Batch, **kwargs) -> dict:
-        """Split `batch` across ranks; return the rank-mean of the returned metric dicts."""
+        """Split `batch` across ranks; return the rank-mean of the returned metric dicts, except memory figures
+        (`perf/*memory*`, `perf/*offload_pool*`), which are the max over ranks: the rank that runs out first."""
         chunks = batch.chunk(self.world_size)
         outs = ray.get([getattr(w, method).remote(c, **kwargs) for w, c in zip(self.workers, chunks)])
-        return {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
+        return {k: (max(o[k] for o in outs) if _is_peak(k) else sum(o[k] for o in outs) / len(outs))
+                for k in outs[0]}
 
     def shutdown(self):
         """Kill this role's workers; the pool's placement group goes when its last group is shut down."""
@@ -162,3 +164,7 @@ class WorkerGroup:
             ray.kill(w)
         self.workers = []
         self.pool.detach(self)
+
+
+def _is_peak(metric: str) -> bool:
+    return metric.startswith("perf/") and ("memory" in metric or "offload_pool" in metric)
