@@ -21,9 +21,9 @@ in backward, its own intermediates and their gradients (~8 x [tile, intermediate
 Exactness (CPU float32, checked by tests/test_ops.py): outputs and input gradients are row-wise, and every tile
 runs at least `_MIN_ROWS` rows (see `_windows`), so they equal the untiled ones bit for bit. Parameter gradients
 sum over tokens: untiled, the BLAS GEMM sums in K-blocks of its own choosing; the tiles' gradients added in
-order into the first tile's float32 gradient reproduce it bit for bit when each tile is one such block (MKL
-sgemm on x86-64 AVX-512: 192-token tiles once there are more than 384 tokens), and differ by float32 rounding
-otherwise. Low-precision parameters accumulate their tile gradients in float32 and get them back cast once.
+order into the first tile's float32 gradient reproduce it bit for bit when each tile is one such block (seen
+with MKL 2024.2 sgemm on one AVX-512 Xeon: 192-token tiles once there are more than 384 tokens; on another
+Xeon with the same MKL no tile size did), and differ by float32 rounding (~1e-6 relative) otherwise. Low-precision parameters accumulate their tile gradients in float32 and get them back cast once.
 """
 from __future__ import annotations
 
