@@ -152,9 +152,13 @@ def _check_long_sequences(cfg, errors):
     if model.use_fused_kernels:
         _positive(errors, "actor_rollout_ref.model.fused_kernel_options.chunk_size",
                   model.fused_kernel_options.chunk_size, "(tokens per chunk of the fused head)")
-    for key in ("actor_rollout_ref.model.tile_mlp_tokens", "critic.model.tile_mlp_tokens"):
-        if _get(cfg, key) < 0:
-            errors.append(f"{key}={_get(cfg, key)} must be >= 0 (0 turns MLP tiling off).")
+    for prefix in ("actor_rollout_ref.model", "critic.model"):
+        tile = _get(cfg, f"{prefix}.tile_mlp_tokens")
+        if tile < 0:
+            errors.append(f"{prefix}.tile_mlp_tokens={tile} must be >= 0 (0 turns MLP tiling off).")
+        elif tile and _get(cfg, f"{prefix}.activation_offload.recompute_mlp"):
+            errors.append(f"{prefix}.tile_mlp_tokens={tile} and {prefix}.activation_offload.recompute_mlp=True both "
+                          f"replace the MLP's forward; choose one (tiling also recomputes the MLP in backward).")
 
 
 def _check_algorithm(cfg, errors):

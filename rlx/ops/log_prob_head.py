@@ -56,7 +56,9 @@ def log_probs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, bias: Opti
         with torch.no_grad():
             log_probs, entropy, _ = _forward_chunks(h, weight, bias, y, float(temperature), int(chunk_size),
                                                     bool(with_entropy))
-    return log_probs.reshape(lead), None if entropy is None else entropy.reshape(lead)
+    if log_probs.shape != lead:  # (a same-shape reshape would hand FSDP2 a view as the module's output)
+        log_probs, entropy = log_probs.reshape(lead), None if entropy is None else entropy.reshape(lead)
+    return log_probs, entropy
 
 
 def _forward_chunks(h, weight, bias, y, temperature: float, chunk: int, with_entropy: bool):
