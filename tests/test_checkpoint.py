@@ -89,7 +89,10 @@ def _check(rank: int, strategy: str, root: str):
     ids = torch.tensor([[5, 17, 42, 99, 7, 250, 3, 64]])
     a.train_mode(False)
     with torch.no_grad():
-        fsdp_logits = a.module(input_ids=ids, use_cache=False).logits
+        # the engine's model scores chosen positions: every next token of `ids` here
+        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        fsdp_lp, _ = a.module(input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids),
+                              index=torch.arange(ids.shape[1] - 1), targets=ids[0, 1:])
     full1 = _full_params(a)
     if rank == 0:
         hf_dir = os.path.join(d1, "actor", ckpt.HF_DIR)
@@ -102,7 +105,8 @@ def _check(rank: int, strategy: str, root: str):
         for k, v in full1.items():
             assert torch.equal(hf_sd[k], v), k
         with torch.no_grad():
-            torch.testing.assert_close(hf(input_ids=ids).logits, fsdp_logits, rtol=1e-5, atol=1e-5)
+            hf_lp = torch.log_softmax(hf(input_ids=ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+            torch.testing.assert_close(hf_lp, fsdp_lp, rtol=1e-5, atol=1e-5)
         assert AutoTokenizer.from_pretrained(hf_dir).decode([40, 41]) is not None
     rand_after_save = torch.rand(4)
     lr_after_save = a.lr_scheduler.get_last_lr()

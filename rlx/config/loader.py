@@ -6,7 +6,7 @@ import difflib
 import typing
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlx.config.schema import RLXConfig
 
@@ -31,6 +31,13 @@ def _schema_keys(cls=RLXConfig, prefix: str = "") -> tuple[set[str], set[str]]:
 
 
 SCHEMA_KEYS, FREE_DICT_KEYS = _schema_keys()
+SECTION_KEYS = {k.rpartition(".")[0] for k in SCHEMA_KEYS} - {""}
+# list-typed keys that verl scripts also write as a bare string (`trainer.logger=console`): taken as [value]
+SCALAR_AS_LIST = ("trainer.logger",)
+
+
+class OverrideParseError(ValueError):
+    """A command-line argument that is not a `key=value` override (one line, names the argument)."""
 
 
 def suggest_key(key: str) -> str | None:
@@ -44,7 +51,8 @@ def suggest_key(key: str) -> str | None:
     same_leaf = sorted(k for k in SCHEMA_KEYS if k.endswith("." + leaf) or k == leaf)
     if same_leaf:
         return same_leaf[0]
-    match = difflib.get_close_matches(key, sorted(SCHEMA_KEYS), n=1, cutoff=0.5)
+    # a full key path, never a section: `trainer.foo` should point at a key one can set, not at `trainer`
+    match = difflib.get_close_matches(key, sorted(SCHEMA_KEYS - SECTION_KEYS), n=1, cutoff=0.5)
     return match[0] if match else None
 
 
@@ -74,16 +82,51 @@ def check_override_keys(overrides: list[str]) -> list[str]:
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
+    parser = OverridesParser.create()
     out = []
-    for ov, raw in zip(parsed, overrides):
-        key = ov.key_or_group
+    for raw in overrides:
+        key = parse_override(parser, raw).key_or_group
         if not (key.startswith("hydra.") or key == "hydra") and not _is_known(key):
             raise unknown_key_error(key, shown=raw.split("=", 1)[0])
         if key not in SCHEMA_KEYS and _is_known(key) and not raw.startswith("~"):
             raw = "++" + raw.lstrip("+")
         out.append(raw)
     return out
+
+
+def _parse_error_reason(raw: str, hydra_msg: str) -> str:
+    key, eq, value = raw.partition("=")
+    bare_key = key.lstrip("+~")
+    if not eq:
+        return "it has no '=' (every override sets a value)"
+    if not bare_key:
+        return "the key before '=' is empty"
+    if bare_key.startswith(".") or bare_key.endswith(".") or ".." in bare_key:
+        return f"the key {bare_key!r} has an empty part between dots"
+    for open_, close in ("[]", "{}", "()"):
+        if value.count(open_) != value.count(close):
+            return f"the value {value!r} has unbalanced brackets {open_} {close}"
+    if "=" in value and not value[:1] in ("'", '"'):
+        return f"the value {value!r} contains '='; quote it: {key}='{value}'"
+    for line in hydra_msg.splitlines():  # Hydra's grammar message, minus its boilerplate lines
+        line = line.strip()
+        if line and not line.startswith(("Error parsing override", "See https")):
+            return f"Hydra says: {line}"
+    return "Hydra cannot parse it"
+
+
+def parse_override(parser, raw: str):
+    """One override through Hydra's grammar; a malformed one is an `OverrideParseError` naming it."""
+    from hydra.errors import HydraException, OverrideParseException
+
+    try:
+        ov = parser.parse_override(raw)
+    except (HydraException, OverrideParseException) as e:
+        raise OverrideParseError(f"cannot parse override {raw!r}: {_parse_error_reason(raw, str(e))}. "
+                                 f"Use key=value.") from None
+    if not ov.key_or_group:
+        raise OverrideParseError(f"cannot parse override {raw!r}: {_parse_error_reason(raw, '')}. Use key=value.")
+    return ov
 
 
 def _check_tree(node: DictConfig, prefix: str = "") -> None:
@@ -101,23 +144,47 @@ def _check_tree(node: DictConfig, prefix: str = "") -> None:
 def compose(overrides: list[str] | None = None, config_dir: str | Path | None = None,
             config_name: str = "ppo_trainer") -> DictConfig:
     """Hydra compose of the YAML plus overrides, with rlx's strict key check."""
+    return compose_with_hydra(overrides, config_dir, config_name, hydra=False)[0]
+
+
+def compose_with_hydra(overrides: list[str] | None = None, config_dir: str | Path | None = None,
+                       config_name: str = "ppo_trainer", hydra: bool = True) -> tuple[DictConfig, DictConfig | None]:
+    """`compose`, also returning Hydra's own config node (what `--cfg hydra|all` prints) when `hydra`."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     overrides = check_override_keys(list(overrides or []))
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(config_dir or CONFIG_DIR).resolve()), version_base=None):
-        cfg = hydra_compose(config_name=config_name, overrides=overrides)
+        cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
+    hydra_cfg = None
+    if hydra:
+        with open_dict(cfg):
+            hydra_cfg = cfg.pop("hydra")
     _check_tree(cfg)
-    return cfg
+    return cfg, hydra_cfg
 
 
 def to_typed(cfg: DictConfig) -> RLXConfig:
     """Merge into the structured schema (type-checks values), resolve interpolations, build dataclasses."""
+    merged = merge_schema(cfg)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RLXConfig), cfg)
         OmegaConf.resolve(merged)
         return OmegaConf.to_object(merged)
+    except Exception as e:  # omegaconf's errors name the key; re-raise as the user error it is
+        key = getattr(e, "full_key", None)
+        raise ValueError(f"Invalid config value{f' for {key!r}' if key else ''}: {e}") from None
+
+
+def merge_schema(cfg: DictConfig) -> DictConfig:
+    """The composed config merged into the structured schema (values type-checked, interpolations kept)."""
+    cfg = cfg.copy()
+    for key in SCALAR_AS_LIST:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, str):
+            OmegaConf.update(cfg, key, [value], force_add=True)
+    try:
+        return OmegaConf.merge(OmegaConf.structured(RLXConfig), cfg)
     except Exception as e:  # omegaconf's errors name the key; re-raise as the user error it is
         key = getattr(e, "full_key", None)
         raise ValueError(f"Invalid config value{f' for {key!r}' if key else ''}: {e}") from None
@@ -126,9 +193,10 @@ def to_typed(cfg: DictConfig) -> RLXConfig:
 def load_config(overrides: list[str] | None = None, config_dir: str | Path | None = None,
                 config_name: str = "ppo_trainer", validate: bool = True) -> RLXConfig:
     """What `main_ppo` does before anything starts: compose, check keys, type, validate."""
+    from rlx.config.device import resolve_device
     from rlx.config.validate import validate_config
 
-    cfg = to_typed(compose(overrides, config_dir, config_name))
+    cfg = resolve_device(to_typed(compose(overrides, config_dir, config_name)))  # trainer.device=auto -> cuda|cpu
     if validate:
         validate_config(cfg)
     return cfg

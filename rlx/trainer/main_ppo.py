@@ -1,31 +1,158 @@
 """Entry point: `python -m rlx.trainer.main_ppo key=value ...` (verl's key names).
 
-compose + strict key check -> typed config -> validate (all before Ray starts) -> ray.init -> trainer.fit().
+compose + strict key check -> typed config -> validate -> preflight (data, model, reward, checkpoints; all before
+Ray starts) -> ray.init -> trainer.fit(). `--cfg job|hydra|all` and `--help` answer as a Hydra app does.
+Exit codes: 0 done, 1 training stopped (a garbage reward, skipped steps, a damaged checkpoint), 2 the command line,
+config or inputs are wrong (nothing started), 130 Ctrl-C, 143 SIGTERM.
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 log = logging.getLogger("rlx")
 
 
-def parse_argv(argv: list[str]) -> tuple[list[str], str | None, str]:
-    """Split Hydra-style `--config-path/--config-name` flags from key=value overrides."""
-    overrides, config_dir, config_name = [], None, "ppo_trainer"
+@dataclass
+class CliArgs:
+    """What a command line asks for: Hydra's flags (the subset rlx implements) and the key=value overrides."""
+    overrides: list[str] = field(default_factory=list)
+    config_dir: str | None = None
+    """--config-path/-cp: a directory with the user's own YAML."""
+    config_name: str = "ppo_trainer"
+    """--config-name/-cn: the YAML file (without .yaml) to compose."""
+    cfg: str | None = None
+    """--cfg/-c job|hydra|all: print the composed config and exit, as a Hydra app does."""
+    resolve: bool = False
+    """--resolve: with --cfg, resolve ${...} interpolations."""
+    package: str | None = None
+    """--package/-p KEY: with --cfg, print only that node."""
+    help: bool = False
+    """--help/-h."""
+
+
+class UsageError(ValueError):
+    """A command-line flag rlx does not understand (the overrides are checked by the config loader)."""
+
+
+_VALUE_FLAGS = {"--config-path": "config_dir", "-cp": "config_dir", "--config-name": "config_name",
+                "-cn": "config_name", "--cfg": "cfg", "-c": "cfg", "--package": "package", "-p": "package"}
+_SWITCHES = {"--help": "help", "-h": "help", "--resolve": "resolve", "--run": None, "-r": None}
+_HYDRA_ONLY = ("--multirun", "-m", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--config-dir",
+               "-cd", "--experimental-rerun", "--version")
+CFG_CHOICES = ("job", "hydra", "all")
+
+
+def parse_argv(argv: list[str]) -> CliArgs:
+    """Split Hydra-style flags (`--cfg job`, `--cfg=job`, `-c job`, `--help`, `--config-path`, ...) from
+    key=value overrides."""
+    args = CliArgs()
     it = iter(argv)
     for arg in it:
-        if arg.startswith("--config-path") or arg.startswith("--config-name") or arg in ("-cp", "-cn"):
-            name, _, value = arg.partition("=")
-            value = value or next(it)
-            if name in ("--config-path", "-cp"):
-                config_dir = os.path.abspath(value)
-            else:
-                config_name = value
+        if not arg.startswith("-"):
+            args.overrides.append(arg)
+            continue
+        name, eq, value = arg.partition("=")
+        if name in _VALUE_FLAGS:
+            if not eq:
+                value = next(it, None)
+                if value is None or value.startswith("-"):
+                    raise UsageError(f"{name} needs a value")
+            setattr(args, _VALUE_FLAGS[name], value)
+        elif name in _SWITCHES and not eq:
+            if _SWITCHES[name]:
+                setattr(args, _SWITCHES[name], True)
+        elif name in _HYDRA_ONLY:
+            raise UsageError(f"{name} is a Hydra flag rlx does not implement (rlx runs one job per command)")
         else:
-            overrides.append(arg)
-    return overrides, config_dir, config_name
+            raise UsageError(f"unknown option {arg!r}")
+    if args.cfg is not None and args.cfg not in CFG_CHOICES:
+        raise UsageError(f"--cfg {args.cfg!r}: choose one of {list(CFG_CHOICES)}")
+    if args.config_dir is not None:
+        args.config_dir = os.path.abspath(args.config_dir)
+    return args
+
+
+def usage() -> str:
+    """`--help`: usage, the config groups (sections of the tree) and where every key is documented."""
+    import dataclasses
+    import typing
+
+    from rlx.config.export import field_docs
+    from rlx.config.loader import CONFIG_DIR
+    from rlx.config.schema import RLXConfig
+
+    lines = ["usage: python -m rlx.trainer.main_ppo [--config-path DIR] [--config-name NAME] [key=value ...]",
+             "       python -m rlx.trainer.main_ppo --cfg job|hydra|all [--resolve] [--package KEY] [key=value ...]",
+             "",
+             "Train an LLM with PPO / GRPO / RLOO (verl's key names: paste a verl command line, swap the model path).",
+             "",
+             "== Config groups ==",
+             "Override any key of these groups on the command line: group.key=value (e.g. data.train_batch_size=64).",
+             ""]
+
+    def groups(cls, prefix: str, depth: int) -> None:
+        docs, hints = field_docs(cls), typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                lines.append(f"  {prefix + f.name:<44} {docs.get(f.name, '')}")
+                if depth < 1:
+                    groups(hints[f.name], prefix + f.name + ".", depth + 1)
+
+    groups(RLXConfig, "", 0)
+    lines += ["",
+              "Every key, with its default and a comment: " + str(CONFIG_DIR / "ppo_trainer.yaml"),
+              "(rlx/trainer/config/ppo_trainer.yaml in the repository; README.md, section Configuration).",
+              "The composed config of a command line: add --cfg job.",
+              "",
+              "== Flags ==",
+              "  --cfg, -c job|hydra|all    print the composed config and exit (job: rlx's config; hydra: Hydra's",
+              "                             own settings; all: both)",
+              "  --resolve                  with --cfg: resolve ${...} interpolations",
+              "  --package, -p KEY          with --cfg: print only that node (e.g. -p actor_rollout_ref.rollout)",
+              "  --config-path, -cp DIR     directory of your own YAML config (default: rlx's)",
+              "  --config-name, -cn NAME    the config to compose, without .yaml (default: ppo_trainer)",
+              "  --help, -h                 this help"]
+    return "\n".join(lines)
+
+
+def print_config(args: CliArgs) -> None:
+    """`--cfg job|hydra|all`: the composed config as YAML (`job` is rlx's full tree, schema defaults included)."""
+    from omegaconf import OmegaConf
+
+    from rlx.config.loader import compose_with_hydra, load_config, merge_schema
+
+    job, hydra_cfg = compose_with_hydra(args.overrides, args.config_dir, args.config_name, hydra=args.cfg != "job")
+    job = merge_schema(job)
+
+    def dump(node, resolve: bool) -> str:
+        try:
+            return OmegaConf.to_yaml(node, resolve=resolve)
+        except Exception:  # noqa: BLE001 - Hydra's own ${hydra:...} resolvers only work inside a Hydra run
+            return OmegaConf.to_yaml(node)
+
+    if args.package:
+        root = OmegaConf.create({"hydra": hydra_cfg}) if args.package.split(".")[0] == "hydra" else job
+        node = OmegaConf.select(root, args.package, default=None)
+        if node is None:
+            raise ValueError(f"--package {args.package!r}: no such node in the composed config")
+        text = dump(node, args.resolve) if OmegaConf.is_config(node) else f"{node}\n"
+        print(f"# @package {args.package}\n{text}", end="")
+        return
+    if args.cfg in ("hydra", "all"):
+        print("# hydra: Hydra's own settings. rlx composes its config through Hydra's compose API and does not use\n"
+              "# Hydra's run directories, job logging or launchers.")
+        print(dump(OmegaConf.create({"hydra": hydra_cfg}), args.resolve), end="")
+    if args.cfg in ("job", "all"):
+        print(dump(job, args.resolve), end="")
+        sys.stdout.flush()
+        try:  # Hydra prints without running the app; rlx also says whether a run would pass validation
+            load_config(args.overrides, args.config_dir, args.config_name)
+        except ValueError as e:
+            print(f"rlx: note: a run with this config would stop before it starts:\n{e}", file=sys.stderr)
 
 
 def choose_rollout(cfg) -> str:
@@ -42,8 +169,12 @@ def choose_rollout(cfg) -> str:
 
 
 def init_ray(cfg) -> None:
-    """Join the cluster named by ray_init.address / RAY_ADDRESS, else start a local Ray.
+    """Join the cluster named by ray_init.address (`auto` or host:port) / RAY_ADDRESS, else start a new local Ray.
 
+    Local means local: without an address, `ray.init(address="local")` starts a private Ray even when Ray's temp
+    folder names a cluster (a `ray start` of this machine, or a stale file of a stopped one), which a bare
+    `ray.init()` would join. A local Ray with trainer.device=cpu declares at least one CPU per worker slot (each
+    slot is a placement-group bundle of one CPU).
     No runtime env is passed here: `WorkerGroup` gives every worker the environment it needs, so nothing can
     clash with the runtime env of a `ray job submit`.
     """
@@ -52,21 +183,85 @@ def init_ray(cfg) -> None:
     if ray.is_initialized():
         return
     address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
-    if address:  # join the existing cluster; never start a second, local one
+    if address and address != "local":  # join the existing cluster; never start a second, local one
         ray.init(address=address)
-    else:
-        ray.init(num_cpus=cfg.ray_init.num_cpus, include_dashboard=False)
+        return
+    num_cpus = cfg.ray_init.num_cpus
+    if num_cpus is None and cfg.trainer.device == "cpu":
+        num_cpus = max(os.cpu_count() or 1, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
 
 
-def run(cfg):
-    """Start Ray (if needed), train; returns the trainer (its `history` holds the per-step metrics)."""
+class Terminated(BaseException):
+    """SIGTERM (what schedulers send) as an exception: the driver unwinds as on Ctrl-C, so the workers and the
+    Ray it started stop cleanly, with no stack dump."""
+
+
+@contextmanager
+def sigterm_unwinds():
+    """While training, SIGTERM raises `Terminated` in the driver. Installed after `ray.init`, whose own handler
+    (`sys.exit` from wherever the driver is, often inside Ray's C++ calls) ends in an abort and a core dump."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: the cleanup must not be cut short
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _last_checkpoint_note(cfg) -> str:
+    from rlx import checkpoint as ckpt
+
+    root = os.path.abspath(cfg.trainer.default_local_dir)
+    steps = ckpt.list_steps(root)
+    if not steps:
+        return "No checkpoint was saved (trainer.save_freq)."
+    return (f"The last complete checkpoint, {ckpt.step_dir(root, steps[-1])}, is kept: the same command resumes "
+            f"from it (trainer.resume_mode=auto).")
+
+
+def run(cfg, inputs=None):
+    """Check (preflight), start Ray (if needed), train; returns the trainer (its `history` holds the per-step
+    metrics). Whatever ends the run, the workers and a Ray started here are stopped."""
+    import ray
+
+    from rlx.trainer import console
     from rlx.trainer.ppo_trainer import RayPPOTrainer
+    from rlx.trainer.preflight import preflight
 
+    inputs = inputs or preflight(cfg)  # before Ray: a job that cannot run stops here
     rollout_name = choose_rollout(cfg)
     log.info("rollout: %s", rollout_name)
+    own_ray = not ray.is_initialized()
+    console.drop_known_harmless_warnings()
     init_ray(cfg)
-    trainer = RayPPOTrainer(cfg, rollout_name)
-    trainer.history = trainer.fit()
+    console.announce_worker_logs()
+    trainer = None
+    try:
+        with sigterm_unwinds():
+            trainer = RayPPOTrainer(cfg, rollout_name, inputs)
+            try:
+                trainer.history = trainer.fit()
+            except (Terminated, KeyboardInterrupt) as e:
+                what = "SIGTERM" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
+                print(f"rlx: {what} at step {trainer.global_step}: stopping the workers. "
+                      f"{_last_checkpoint_note(cfg)}", file=sys.stderr, flush=True)
+                raise
+    finally:
+        if trainer is not None and hasattr(trainer, "actor_wg"):
+            trainer.shutdown()
+        if own_ray:
+            ray.shutdown()
     if trainer.val_history:
         first, last = trainer.val_history[0], trainer.val_history[-1]
         for key in sorted(k for k in first if k.endswith("/reward/mean")):
@@ -76,17 +271,54 @@ def run(cfg):
 
 def main(argv: list[str] | None = None) -> int:
     from rlx.config import load_config
+    from rlx.config.loader import OverrideParseError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    overrides, config_dir, config_name = parse_argv(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = load_config(overrides, config_dir, config_name)
+        args = parse_argv(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"rlx: {e}. See --help.", file=sys.stderr)
+        return 2
+    if args.help:
+        print(usage())
+        return 0
+    try:
+        if args.cfg:
+            try:
+                print_config(args)
+            except BrokenPipeError:  # `--cfg job | head`: the reader left; not an error
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        cfg = load_config(args.overrides, args.config_dir, args.config_name)
+    except OverrideParseError as e:
+        print(f"rlx: {e}", file=sys.stderr)
+        return 2
     except ValueError as e:
         print(f"rlx: config error\n{e}", file=sys.stderr)
         return 2
-    run(cfg)
+    from rlx.checkpoint import DamagedCheckpointError
+    from rlx.trainer.ppo_trainer import TrainingStopped
+    from rlx.trainer.preflight import PreflightError, preflight
+
+    try:
+        inputs = preflight(cfg)
+    except PreflightError as e:
+        print(f"rlx: {e}", file=sys.stderr)
+        return 2
+    try:
+        run(cfg, inputs)
+    except (TrainingStopped, DamagedCheckpointError) as e:
+        print(f"rlx: training stopped: {e}", file=sys.stderr)
+        return 1
+    except Terminated:
+        return 143  # 128 + SIGTERM, what a shell reports for a process the signal ended
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 
 if __name__ == "__main__":
+    from rlx.trainer.console import keep_worker_output_in_ray_logs
+
+    keep_worker_output_in_ray_logs()  # before anything imports Ray
     sys.exit(main())

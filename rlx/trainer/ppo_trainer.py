@@ -1,8 +1,8 @@
 """The PPO/GRPO driver loop: a short list of named steps, each a call into a worker group or a pure function."""
 from __future__ import annotations
 
-import dataclasses
 import logging
+import math
 import os
 import sys
 import time
@@ -28,27 +28,73 @@ def timed(name: str, timing: dict):
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
+class TrainingStopped(RuntimeError):
+    """The run cannot usefully go on (a reward that is not a finite number, optimizer steps skipped again and
+    again): the entry point reports it in one block and exits non-zero."""
+
+
+class SkippedStepGuard:
+    """Counts optimizer steps skipped for a non-finite gradient norm (`{role}/skipped_steps`, from the engine, or
+    derived from a non-finite `{role}/grad_norm`), warns on the driver, and stops the run after `limit`
+    consecutive training steps with a skip (`trainer.max_consecutive_skipped_steps`; 0: never)."""
+
+    ROLES = ("actor", "critic")
+
+    def __init__(self, limit: int):
+        self.limit, self.consecutive, self.last = limit, 0, ""
+
+    def count(self, metrics: dict, step: int) -> None:
+        """Add `{role}/skipped_steps` to a step's metrics; warn when the step skipped an optimizer step."""
+        skipped = {}
+        for role in self.ROLES:
+            norm = metrics.get(f"{role}/grad_norm")
+            if norm is None:
+                continue  # no update of that role this step (no critic, critic warmup)
+            count = metrics.setdefault(f"{role}/skipped_steps", 0.0 if math.isfinite(norm) else 1.0)
+            if count:
+                skipped[role] = f"{role}/grad_norm={norm}, {role}/skipped_steps={count:g}"
+        self.last = "; ".join(skipped.values())
+        if not skipped:
+            self.consecutive = 0
+            return
+        self.consecutive += 1
+        log.warning("step %d: optimizer step skipped for a non-finite gradient norm (%s); %d consecutive step(s) "
+                    "with a skip (the run stops after %s)", step, self.last, self.consecutive,
+                    self.limit or "never (trainer.max_consecutive_skipped_steps=0)")
+
+    def stop_if_stuck(self, step: int) -> None:
+        """After the step is logged: `TrainingStopped` once `limit` steps in a row skipped."""
+        if self.limit and self.consecutive >= self.limit:
+            raise TrainingStopped(
+                f"step {step}: the optimizer step was skipped for a non-finite gradient norm in {self.consecutive} "
+                f"consecutive steps ({self.last}), so the model is no longer training. Usual "
+                f"causes: a learning rate too high for the model (actor_rollout_ref.actor.optim.lr, critic.optim.lr),"
+                f" or an overflow in low precision. To tolerate more, raise trainer.max_consecutive_skipped_steps "
+                f"(0: never stop).")
+
+
 class RayPPOTrainer:
-    def __init__(self, cfg, rollout_name: str):
-        from transformers import AutoTokenizer
+    def __init__(self, cfg, rollout_name: str, inputs=None):
+        """`inputs`: what `preflight(cfg)` built (tokenizer, datasets, reward function, the verified resume dir);
+        preflight runs here when it is not given."""
+        from rlx.data.dataset import PromptLoader
+        from rlx.data.reward import RewardManager
+        from rlx.trainer.preflight import preflight
 
-        from rlx.data.dataset import PromptLoader, RLDataset
-        from rlx.data.reward import RewardManager, load_reward_fn
-        from rlx.models import resolve_model_path
-
+        inputs = inputs or preflight(cfg)
         self.cfg, self.rollout_name = cfg, rollout_name
         arr, data = cfg.actor_rollout_ref, cfg.data
         self.world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
         self.use_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(data.tokenizer or arr.model.path),
-                                                       trust_remote_code=arr.model.trust_remote_code)
-        self.train_loader = PromptLoader(RLDataset(data.train_files, self.tokenizer, data), data.train_batch_size,
-                                         shuffle=data.shuffle, seed=data.seed)
-        self.val_loader = PromptLoader(RLDataset(data.val_files, self.tokenizer, data), data.val_batch_size,
-                                       shuffle=False, drop_last=False)
-        score_fn = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_kwargs)
-        self.reward_fn = RewardManager(self.tokenizer, score_fn, data.reward_fn_key)
+        self.tokenizer = inputs.tokenizer
+        self.train_loader = PromptLoader(inputs.train_dataset, data.train_batch_size, shuffle=data.shuffle,
+                                         seed=data.seed)
+        self.val_loader = PromptLoader(inputs.val_dataset, data.val_batch_size, shuffle=False, drop_last=False)
+        self.reward_fn = RewardManager(self.tokenizer, inputs.score_fn, data.reward_fn_key,
+                                       non_finite_score=cfg.reward_model.non_finite_score)
+        self.resume_dir = inputs.resume_dir
+        self.skip_guard = SkippedStepGuard(cfg.trainer.max_consecutive_skipped_steps)
         t = cfg.trainer
         self.total_steps = t.total_training_steps or len(self.train_loader) * t.total_epochs
         self.kl_ctrl = core_algos.get_kl_controller(cfg.algorithm.kl_ctrl.type, cfg.algorithm.kl_ctrl.kl_coef,
@@ -60,16 +106,23 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         from rlx.workers.actor_worker import ActorRolloutRefWorker
         from rlx.workers.critic_worker import CriticWorker
-        from rlx.workers.group import WorkerGroup
+        from rlx.workers.group import ResourcePool, WorkerGroup
 
-        device = self.cfg.trainer.device
-        share = 0.5 if self.use_critic else 1.0  # actor and critic colocate on each GPU
-        self.actor_wg = WorkerGroup(ActorRolloutRefWorker, self.world_size, device, share, self.cfg)
+        t = self.cfg.trainer
+        # verl's colocated roles: one bundle per GPU, rank i of every role on bundle i (see rlx.workers.group)
+        self.pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, roles=2 if self.use_critic else 1)
+        self.actor_wg = WorkerGroup(ActorRolloutRefWorker, self.pool, self.cfg)
+        self.critic_wg = WorkerGroup(CriticWorker, self.pool, self.cfg) if self.use_critic else None
+        # actor (and its vLLM engine) first: vLLM sizes its KV cache from a GPU no other process is filling
         self.actor_wg.run_all("init_model", self.total_steps, self.rollout_name)
-        self.critic_wg = None
-        if self.use_critic:
-            self.critic_wg = WorkerGroup(CriticWorker, self.world_size, device, share, self.cfg)
+        if self.critic_wg is not None:
             self.critic_wg.run_all("init_model", self.total_steps)
+
+    def shutdown(self) -> None:
+        """Kill the workers and release their placement group."""
+        for wg in (self.actor_wg, self.critic_wg):
+            if wg is not None:
+                wg.shutdown()
 
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self) -> list[dict]:
@@ -97,6 +150,7 @@ class RayPPOTrainer:
                 metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
             self.tracker.log(metrics, step=self.global_step)
             history.append(metrics)
+            self.skip_guard.stop_if_stuck(self.global_step)
             bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}", step_s=f"{metrics['timing_s/step']:.1f}")
             bar.update(1)
         bar.close()
@@ -141,6 +195,7 @@ class RayPPOTrainer:
                 metrics[f"perf/{stat}"] = max(phases)
         metrics.update(compute_throughput_metrics(int(batch["attention_mask"].sum()), timing["step"],
                                                   self.world_size))
+        self.skip_guard.count(metrics, self.global_step)
         return metrics
 
     # ---- steps ----------------------------------------------------------------------------------------
@@ -162,9 +217,20 @@ class RayPPOTrainer:
     def compute_reward(self, batch: Batch, metrics: dict) -> None:
         from rlx.data.reward import mean_extras
 
-        scores, extra = self.reward_fn(batch)
+        scores, extra = self.score(batch)
         batch.tensors["token_level_scores"] = scores
         metrics.update({f"reward_extra/{k}": v for k, v in mean_extras(extra).items()})
+        if self.cfg.reward_model.non_finite_score is not None:
+            metrics["reward/non_finite_count"] = float(self.reward_fn.non_finite_count)
+
+    def score(self, batch: Batch):
+        """The reward manager on a generated batch; a reward that is not a finite number stops the run."""
+        from rlx.data.reward import RewardError
+
+        try:
+            return self.reward_fn(batch)
+        except RewardError as e:
+            raise TrainingStopped(f"step {self.global_step}: {e}") from None
 
     def compute_advantage(self, batch: Batch, metrics: dict) -> None:
         alg = self.cfg.algorithm
@@ -188,7 +254,7 @@ class RayPPOTrainer:
         start = time.perf_counter()
         for prompts in self.val_loader:
             batch = self.generate(prompts, validate=True)
-            scores, _ = self.reward_fn(batch)
+            scores, _ = self.score(batch)
             for src, s in zip(batch["data_source"], scores.sum(-1).tolist()):
                 per_source.setdefault(str(src), []).append(s)
         out = {}
@@ -225,10 +291,7 @@ class RayPPOTrainer:
     def resume(self) -> None:
         from rlx import checkpoint as ckpt
 
-        t = self.cfg.trainer
-        d = ckpt.find_resume_dir(dataclasses.replace(
-            t, default_local_dir=self._ckpt_root(),
-            resume_from_path=os.path.abspath(t.resume_from_path) if t.resume_from_path else None))
+        d = self.resume_dir  # chosen and verified against its checksums by the preflight
         if d is None:
             return
         state = ckpt.load_driver_state(d)

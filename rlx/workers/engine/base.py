@@ -181,19 +181,22 @@ class FSDPEngine:
                     add(f"{spec.prefix}/{k}", v)
             self.lr_scheduler.step()
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out[f"{spec.prefix}/skipped_steps"] = sum(metrics[f"{spec.prefix}/skipped_steps"])  # a count, not a mean
         out[f"{spec.prefix}/lr"] = self.lr_scheduler.get_last_lr()[0]
         out.update(device_memory_metrics(self.device, f"update_{spec.prefix}"))
         out.update(self.offload_metrics(f"update_{spec.prefix}"))
         return out
 
     def optimizer_step(self, grad_clip: float) -> dict:
+        """Clip and step; a non-finite gradient norm skips the step (`skipped_steps` counts it for the driver)."""
         grad_norm = F.clip_grad_norm(self.module, grad_clip)
-        if torch.isfinite(grad_norm):
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
             self.optimizer.step()
         else:
             log.warning("[%s] non-finite grad norm %s: optimizer step skipped", self.role, grad_norm.item())
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": float(grad_norm)}
+        return {"grad_norm": float(grad_norm), "skipped_steps": 0.0 if finite else 1.0}
 
     def train_mode(self, training: bool):
         self.module.train(training)
