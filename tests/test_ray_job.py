@@ -125,8 +125,12 @@ def _cluster(cpus_per_node: list[int]):
              f"--dashboard-agent-listen-port={agent}", f"--temp-dir={tmp}", f"--num-cpus={cpus_per_node[0]}"],
             env, os.path.join(tmp, "ray_start_head.log")))
         for i, (cpus, port) in enumerate(zip(cpus_per_node[1:], agents)):
+            # a temp dir of its own: nodes sharing one would unpack the job's working dir into the same folder,
+            # under the feet of the driver importing from it
+            node_tmp = os.path.join(tmp, f"n{i + 1}")
+            os.makedirs(node_tmp)
             nodes.append(_start_node(
-                [f"--address=127.0.0.1:{gcs}", f"--dashboard-agent-listen-port={port}", f"--temp-dir={tmp}",
+                [f"--address=127.0.0.1:{gcs}", f"--dashboard-agent-listen-port={port}", f"--temp-dir={node_tmp}",
                  f"--num-cpus={cpus}"], env, os.path.join(tmp, f"ray_start_node{i + 1}.log")))
         address = f"http://127.0.0.1:{dash}"
         # the job API comes up with the dashboard, possibly just after the node (plain HTTP: no CLI start-up cost)
