@@ -112,7 +112,7 @@ def _capture_grads(engine) -> dict:
         else:
             captured.update(_full_grads(engine.module))
         engine.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": 0.0}
+        return {"grad_norm": 0.0, "skipped_steps": 0.0}
 
     engine.optimizer_step = step
     return captured
