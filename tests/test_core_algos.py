@@ -1,4 +1,4 @@
-"""Unit tests for rlx.trainer.core_algos against hand-computed values.
+"""Unit tests for rlx.algos.core_algos against hand-computed values.
 
 Every expected number below was worked out by hand (the arithmetic is spelled out in comments), not
 re-derived with the code under test.
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlx.trainer import core_algos as ca
+from rlx.algos import core_algos as ca
 
 F64 = torch.float64
 

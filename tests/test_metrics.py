@@ -1,11 +1,11 @@
-"""Unit tests for rlx.trainer.metrics against hand-computed values."""
+"""Unit tests for rlx.algos.metrics against hand-computed values."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from rlx.trainer.metrics import (
+from rlx.algos.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,

@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rlx.algos import core_algos
 from rlx.ops import apply_tiled_mlp, log_probs_from_hidden
-from rlx.trainer import core_algos
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,8 +16,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import pytest
 import torch
 
+from rlx.algos.probs_diff import rollout_probs_diff
 from rlx.protocol import Batch
-from rlx.workers.rollout.probs_diff import rollout_probs_diff
 from rlx.workers.rollout.weight_sync import iter_full_params
 
 P, R = 8, 12        # max prompt / response length

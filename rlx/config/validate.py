@@ -9,8 +9,8 @@ import importlib.util
 import json
 import os
 
+from rlx.algos.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
 from rlx.config.schema import NOT_SUPPORTED, RLXConfig
-from rlx.trainer.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
 
 STRATEGIES = ("fsdp", "fsdp2")
 ROLLOUT_NAMES = ("auto", "vllm", "hf")

@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from rlx.trainer import core_algos
+from rlx.algos import core_algos
 
 __all__ = ["log_probs_from_hidden"]
 

@@ -12,11 +12,11 @@ from contextlib import contextmanager
 import numpy as np
 from tqdm import tqdm
 
+from rlx.algos import core_algos
+from rlx.algos.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
+from rlx.algos.probs_diff import rollout_probs_diff
 from rlx.protocol import Batch
-from rlx.trainer import core_algos
-from rlx.trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 from rlx.trainer.tracking import Tracker
-from rlx.workers.rollout.probs_diff import rollout_probs_diff
 
 log = logging.getLogger("rlx")
 

@@ -5,8 +5,8 @@ from typing import Optional
 
 import torch
 
+from rlx.algos import core_algos
 from rlx.protocol import Batch
-from rlx.trainer import core_algos
 from rlx.workers.engine.base import FSDPEngine, UpdateSpec
 
 

@@ -10,8 +10,8 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from rlx.algos import core_algos
 from rlx.protocol import Batch
-from rlx.trainer import core_algos
 from rlx.workers.engine import fsdp as F
 from rlx.workers.engine.heads import apply_token_head, packed_attn_implementation
 from rlx.workers.engine.packing import micro_batches, restore_order, token_inputs

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from rlx.algos import core_algos
 from rlx.protocol import Batch
-from rlx.trainer import core_algos
 from rlx.workers.engine.base import FSDPEngine, UpdateSpec
 
 
