@@ -51,7 +51,7 @@ def _train_step(engine, step: int, rank: int):
 
 
 def _full_params(engine) -> dict:
-    from rlx.workers.rollout.weight_sync import iter_full_params
+    from rlx.workers.engine.weights import iter_full_params
 
     return {k: v.clone() for k, v in iter_full_params(engine.module, to_cpu=True)}
 

@@ -54,7 +54,7 @@ class ActorRolloutRefWorker(Worker):
     # ---- the steps the driver calls ----------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Sync the FSDP weights into the rollout engine, generate, free the engine's cache."""
-        from rlx.workers.rollout.weight_sync import iter_full_params
+        from rlx.workers.engine.weights import iter_full_params
 
         with self.actor.phase():
             self.rollout.sync_weights(iter_full_params(self.actor.module))
@@ -96,7 +96,7 @@ class ActorRolloutRefWorker(Worker):
 
     def param_checksum(self) -> float:
         """Sum of squares of all actor weights (collective): lets tests see that training changed them."""
-        from rlx.workers.rollout.weight_sync import iter_full_params
+        from rlx.workers.engine.weights import iter_full_params
 
         with self.actor.phase():
             return float(sum(t.double().pow(2).sum() for _, t in iter_full_params(self.actor.module)))

@@ -1,4 +1,5 @@
-"""Stream the actor's full (unsharded) weights, HF-named, into a rollout engine.
+"""The full (unsharded), HF-named weights of an engine's module, one parameter at a time: what a rollout engine
+is synced from, what the HF export and the checkpoint code write.
 
 `iter_full_params(module)` handles the three ways the actor may be held:
 
