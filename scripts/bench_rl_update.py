@@ -9,7 +9,7 @@ the next), the table last:
 * long responses (default): batch 1, prompt 512, response 8k / 32k / 64k / 131k tokens. Per scheme: the peak
   GiB (torch.cuda.max_memory_allocated over the update) and step seconds (wall time of the update, device
   synchronised; median of --short-steps at lengths <= 32k, one step above; one untimed warm-up at the first
-  length) at each length, stopping at the first OOM; the per-token slope (peak difference / token difference,
+  length, or at every length with --warm-each) at each length, stopping at the first OOM; the per-token slope (peak difference / token difference,
   32k to 131k, or the widest fitting pair), and the longest response that fits: extrapolated from the last two
   fitting lengths' slope to 97% of the cap (at most --search-max; half-way to an OOM when only one length
   fits), then confirmed in a fresh process (a warm-up at the first length, then that one point); up to
@@ -290,6 +290,8 @@ def worker(a):
             torch.cuda.empty_cache()
         try:
             times, peaks = [], []
+            if a.warm_each and not a.shaping:  # steady state: the host pool and allocator already sized
+                step(batch)
             for _ in range(n):
                 dt, peak, m = step(batch)
                 times.append(dt)
@@ -373,7 +375,7 @@ def run_child(a, scheme: str, points: list[int] | None = None, warmup_len: int =
            "--tile-tokens", str(a.tile_tokens), "--chunk-size", str(a.chunk_size), "--micro", str(a.micro),
            "--max-tokens", str(a.max_tokens), "--rows", str(a.rows), "--group", str(a.group),
            "--resp-range", f"{a.resp_range[0]},{a.resp_range[1]}", "--steps", str(a.steps),
-           "--short-steps", str(a.short_steps), "--seed", str(a.seed)]
+           "--short-steps", str(a.short_steps), "--seed", str(a.seed)] + (["--warm-each"] if a.warm_each else [])
     if a.shaping:
         cmd.append("--shaping")
     else:
@@ -577,6 +579,10 @@ def main():
     ap.add_argument("--tile-tokens", type=int, default=0, help="tokens per MLP tile of `tile` (1.5b: 8192)")
     ap.add_argument("--chunk-size", type=int, default=0, help="tokens per chunk of the fused head (1.5b: 2048)")
     ap.add_argument("--short-steps", type=int, default=3, help="timed steps (median) at lengths <= 32768")
+    ap.add_argument("--warm-each", action="store_true",
+                    help="one untimed step at every length before timing it (steady-state step time: the "
+                         "offload's pinned host pool grows on the first step at a longer length, ~0.4 s per new "
+                         "GiB, and the CUDA allocator reserves new blocks)")
     ap.add_argument("--rows", type=int, default=0, help="--shaping: rows (1.5b: 32)")
     ap.add_argument("--group", type=int, default=8, help="--shaping: GRPO group size of the advantages")
     ap.add_argument("--resp-range", default="", help="--shaping: response lengths lo,hi (1.5b: 512,4096)")
