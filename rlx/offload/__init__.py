@@ -13,7 +13,8 @@ from typing import List, Optional
 import torch
 from torch import nn
 
-from .config import ActivationOffloadConfig
+from rlx.config.offload import ActivationOffloadConfig
+
 from .core import ActivationOffloader
 
 __all__ = ["ActivationOffloadConfig", "ActivationOffloader", "apply_activation_offload", "find_decoder_layers"]

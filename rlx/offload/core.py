@@ -31,7 +31,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import ActivationOffloadConfig
+from rlx.config.offload import ActivationOffloadConfig
+
 from .exact import narrow_dtype, rebuild, recipe
 from .pool import HostPool
 

@@ -156,7 +156,7 @@ def print_config(args: CliArgs) -> None:
 
 
 def choose_rollout(cfg) -> str:
-    from rlx.workers.rollout import vllm_available
+    from rlx.config.device import vllm_available
 
     name = cfg.actor_rollout_ref.rollout.name
     if name != "auto":

