@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import types
 
 import numpy as np
 import pyarrow as pa
@@ -10,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from rlx.config.schema import DataConfig
 from rlx.data import synthetic
 from rlx.data.dataset import PromptLoader, RLDataset, collate_prompts
 from rlx.data.reward import default_compute_score
@@ -27,7 +27,7 @@ def make_cfg(**overrides):
                shuffle=True, seed=0, filter_overlong_prompts=False, truncation="error",
                apply_chat_template=True, return_raw_chat=False)
     cfg.update(overrides)
-    return types.SimpleNamespace(**cfg)
+    return DataConfig(**cfg)
 
 
 def row(content: str, gt="1", source="openai/gsm8k", idx=0) -> dict:
@@ -222,3 +222,24 @@ def test_loader_deterministic_and_resumable(tok):
     assert batch["input_ids"].shape == (10, 16)
     with pytest.raises(ValueError, match="data.train_batch_size"):
         PromptLoader(ds, batch_size=11)
+
+
+def test_reward_fn_key_names_the_column_stored_as_data_source(tmp_path, tok):
+    """data.reward_fn_key=<column>: the value of that column is what picks the reward function; the batch carries
+    it as data_source (what the reward manager passes on), whatever the column is called."""
+    rows = [{k: v for k, v in row("abc").items() if k != "data_source"} | {"task": "synthetic/digits"}]
+    path = write(tmp_path, rows)
+    ds = RLDataset(path, tok, make_cfg(reward_fn_key="task"))
+    assert ds[0]["data_source"] == "synthetic/digits" and ds.data_sources() == {"synthetic/digits"}
+    assert ds.collate([ds[0]])["data_source"].tolist() == ["synthetic/digits"]
+    with pytest.raises(ValueError, match="lacks column"):  # the default key needs verl's data_source column
+        RLDataset(path, tok, make_cfg())
+    with pytest.raises(ValueError, match=r"no column 'task' \(data.reward_fn_key\)"):
+        RLDataset("synthetic://digits?size=4&seed=0", tok, make_cfg(reward_fn_key="task"))
+
+
+def test_multimodal_rows_are_refused(tmp_path, tok):
+    path = write(tmp_path, [row("abc") | {"images": [b"\x89PNG"]}, row("def") | {"images": []}])
+    with pytest.raises(ValueError, match=r"row 0: column 'images' \(data.image_key\).*multi-modal"):
+        RLDataset(path, tok, make_cfg())
+    RLDataset(write(tmp_path, [row("abc") | {"images": []}], "empty.parquet"), tok, make_cfg())

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from rlx.config.schema import DataConfig
 from rlx.data.dataset import RLDataset
 from rlx.data.reward import RewardManager, default_compute_score, load_reward_fn, mean_extras
 from rlx.data.rewards import gsm8k
@@ -165,9 +166,7 @@ def test_prepare_gsm8k_script(tmp_path):
                                "question": records[2]["question"]}
     # the result loads as an RLDataset and the reference answer earns the full reward
     tok = build_byte_tokenizer()
-    cfg = types.SimpleNamespace(prompt_key="prompt", reward_fn_key="data_source", max_prompt_length=128,
-                                filter_overlong_prompts=False, truncation="error", apply_chat_template=True,
-                                return_raw_chat=False)
+    cfg = DataConfig(max_prompt_length=128)
     ds = RLDataset(str(out_dir / "train.parquet"), tok, cfg)
     item = ds[2]
     assert default_compute_score(item["data_source"], records[2]["answer"], item["ground_truth"]) == 1.0
@@ -214,3 +213,55 @@ def test_reward_of_the_wrong_type_names_the_function_and_value(tmp_path, value):
     msg = str(e.value)
     assert "my_score" in msg and "sample 0" in msg, msg
     assert ("'score'" in msg) if value.startswith("{") else (value.strip("'") in msg), msg
+
+
+def test_dapo_overlong_penalty_follows_verl():
+    """verl's DAPORewardManager: expected = max_resp_len - len; a response of L valid tokens gets
+    min(-(L - expected) / len * penalty_factor, 0) added to its score, logged with log=True."""
+    tok = build_byte_tokenizer()
+    batch = _batch(tok, ["ab", "abcd", "abcdef", "abcdefgh"], truths=["x"] * 4)  # 3, 5, 7, 8 valid tokens
+    buffer = {"enable": True, "len": 4, "penalty_factor": 2.0, "log": True}
+    manager = RewardManager(tok, lambda **kw: 1.0, overlong_buffer=buffer, max_resp_len=8)
+    scores, extra = manager(batch)
+    # expected length 8 - 4 = 4: lengths 3, 5, 7, 8 exceed it by -1, 1, 3, 4
+    assert scores.sum(-1).tolist() == pytest.approx([1.0, 1.0 - 0.5, 1.0 - 1.5, 1.0 - 2.0])
+    assert extra["overlong_reward"] == pytest.approx([0.0, -0.5, -1.5, -2.0])
+    assert extra["overlong"] == [0.0, 1.0, 1.0, 1.0]
+    # enable=False (or no buffer): the naive manager's scores
+    off = RewardManager(tok, lambda **kw: 1.0, overlong_buffer=dict(buffer, enable=False), max_resp_len=8)
+    assert off(batch)[0].sum(-1).tolist() == [1.0] * 4
+
+
+def test_reward_manager_built_from_config(tmp_path):
+    """reward_model.reward_manager picks the manager; the dapo keys of reward_kwargs configure it and are not
+    passed to the score function; max_resp_len defaults to data.max_response_length."""
+    from rlx.config import load_config
+    from rlx.data.reward import build_reward_manager
+
+    tok = build_byte_tokenizer()
+    cfg = load_config(["reward_model.reward_manager=dapo", "data.max_response_length=8",
+                       "reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                       "reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
+                       "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+                       "reward_model.reward_kwargs.format_score=0.1"])
+    fn = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_kwargs)
+    assert fn.keywords == {"format_score": 0.1}
+    manager = build_reward_manager(cfg, tok, fn)
+    assert manager.max_resp_len == 8 and manager.overlong_reward(6) == pytest.approx(-0.5)
+    scores, _ = manager(_batch(tok, ["#### 4"], truths=["4"]))  # 7 valid tokens: 1.0 - 3/4
+    assert scores.sum().item() == pytest.approx(0.25)
+    naive = build_reward_manager(load_config([]), tok, fn)
+    assert naive.overlong_buffer is None and not naive.batched
+
+
+def test_batch_reward_manager_calls_once_with_lists():
+    tok = build_byte_tokenizer()
+    calls = []
+
+    def scores(data_sources, solution_strs, ground_truths, extra_infos):
+        calls.append(list(solution_strs))
+        return [float(t == g) for t, g in zip(solution_strs, ground_truths)]
+
+    batch = _batch(tok, ["a", "b", "c"], truths=["a", "x", "c"])
+    out, _ = RewardManager(tok, scores, batched=True)(batch)
+    assert calls == [["a", "b", "c"]] and out.sum(-1).tolist() == [1.0, 0.0, 1.0]

@@ -2,7 +2,8 @@
 
 Row format (one row per prompt)::
 
-    data_source   str                      picks the reward function (`data.reward_fn_key`)
+    data_source   str                      picks the reward function (the column `data.reward_fn_key` names;
+                                           stored as the batch's `data_source` whatever the column)
     prompt        list of chat messages    [{"role": "user", "content": "..."}]   (`data.prompt_key`)
     ability       str                      (unused here)
     reward_model  {"style": "rule", "ground_truth": ...}
@@ -26,11 +27,6 @@ logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 NON_TENSOR_KEYS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "index")
-
-
-def _cfg(cfg, name: str, default=None):
-    value = getattr(cfg, name, default)
-    return default if value is None else value
 
 
 def _as_list(files) -> list[str]:
@@ -78,7 +74,9 @@ def _read_parquet(path: str, required: Sequence[str]) -> list[dict]:
 
 
 class RLDataset:
-    """Prompts tokenized once at construction; ``ds[i]`` is a dict ready for :func:`collate_prompts`."""
+    """Prompts tokenized once at construction; ``ds[i]`` is a dict ready for :func:`collate_prompts`.
+
+    `cfg` is the `data` section (`rlx.config.schema.DataConfig`)."""
 
     def __init__(self, files, tokenizer, cfg):
         self.files = _as_list(files)
@@ -86,13 +84,14 @@ class RLDataset:
             raise ValueError("no data files given; set data.train_files / data.val_files "
                              "(parquet paths or e.g. 'synthetic://digits?size=1024&seed=0')")
         self.tokenizer = tokenizer
-        self.prompt_key = _cfg(cfg, "prompt_key", "prompt")
-        self.reward_fn_key = _cfg(cfg, "reward_fn_key", "data_source")
-        self.max_prompt_length = int(_cfg(cfg, "max_prompt_length", 512))
-        self.truncation = _cfg(cfg, "truncation", "error")
-        self.filter_overlong_prompts = bool(_cfg(cfg, "filter_overlong_prompts", False))
-        self.apply_chat_template = bool(_cfg(cfg, "apply_chat_template", True))
-        self.return_raw_chat = bool(_cfg(cfg, "return_raw_chat", False))
+        self.prompt_key = cfg.prompt_key
+        self.reward_fn_key = cfg.reward_fn_key
+        self.max_prompt_length = int(cfg.max_prompt_length)
+        self.truncation = cfg.truncation
+        self.filter_overlong_prompts = bool(cfg.filter_overlong_prompts)
+        self.apply_chat_template = bool(cfg.apply_chat_template)
+        self.return_raw_chat = bool(cfg.return_raw_chat)
+        self.media_keys = {"data.image_key": cfg.image_key, "data.video_key": cfg.video_key}
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={self.truncation!r}; choose one of {TRUNCATION_MODES}")
         if self.max_prompt_length <= 0:
@@ -107,6 +106,7 @@ class RLDataset:
         origins: list[str] = []
         for f in self.files:
             file_rows = synthetic.generate_rows(f) if synthetic.is_synthetic(f) else _read_parquet(f, required)
+            self._check_columns(file_rows, f)
             rows.extend(file_rows)
             origins.extend([f] * len(file_rows))
 
@@ -157,6 +157,21 @@ class RLDataset:
                 f"(longest {longest}; first: {origins[first]!r} row {first}, {len(ids[first])} tokens, starting "
                 f"{texts[first][:80]!r}) and data.truncation='error'. Fix: data.max_prompt_length={longest}, or "
                 f"data.filter_overlong_prompts=True (drop them), or data.truncation=left|right|middle")
+
+    def _check_columns(self, rows: list[dict], origin: str) -> None:
+        """The reward column is there (synthetic rows too), and no row carries images or videos (multi-modal data
+        is not supported: training on the text alone would be a silent change of task)."""
+        if rows and self.reward_fn_key not in rows[0]:
+            raise ValueError(f"data file {origin!r} has no column {self.reward_fn_key!r} (data.reward_fn_key); its "
+                             f"columns: {sorted(rows[0])}. Fix: data.reward_fn_key=<the column that picks the reward "
+                             f"function> (verl's rows call it data_source)")
+        for key, column in self.media_keys.items():
+            for i, row in enumerate(rows):
+                value = _plain(row.get(column))
+                if value is not None and not (hasattr(value, "__len__") and len(value) == 0):
+                    raise ValueError(f"data file {origin!r}, row {i}: column {column!r} ({key}) holds "
+                                     f"{type(value).__name__} data, but rlx does not support multi-modal data yet; "
+                                     f"remove the column (or its values) to train on the text prompts alone")
 
     def data_sources(self) -> set[str]:
         """The distinct `data_source` values (what picks the reward function)."""

@@ -8,6 +8,7 @@ import sys
 import time
 import uuid
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
@@ -15,8 +16,12 @@ from tqdm import tqdm
 from rlx.algos import core_algos
 from rlx.algos.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 from rlx.algos.probs_diff import rollout_probs_diff
+from rlx.config.schema import RLXConfig
 from rlx.protocol import Batch
 from rlx.trainer.tracking import Tracker
+
+if TYPE_CHECKING:
+    from rlx.trainer.preflight import DriverInputs
 
 log = logging.getLogger("rlx")
 
@@ -74,11 +79,11 @@ class SkippedStepGuard:
 
 
 class RayPPOTrainer:
-    def __init__(self, cfg, rollout_name: str, inputs=None):
+    def __init__(self, cfg: RLXConfig, rollout_name: str, inputs: DriverInputs | None = None):
         """`inputs`: what `preflight(cfg)` built (tokenizer, datasets, reward function, the verified resume dir);
         preflight runs here when it is not given."""
         from rlx.data.dataset import PromptLoader
-        from rlx.data.reward import RewardManager
+        from rlx.data.reward import build_reward_manager
         from rlx.trainer.preflight import preflight
 
         inputs = inputs or preflight(cfg)
@@ -91,8 +96,7 @@ class RayPPOTrainer:
         self.train_loader = PromptLoader(inputs.train_dataset, data.train_batch_size, shuffle=data.shuffle,
                                          seed=data.seed)
         self.val_loader = PromptLoader(inputs.val_dataset, data.val_batch_size, shuffle=False, drop_last=False)
-        self.reward_fn = RewardManager(self.tokenizer, inputs.score_fn, data.reward_fn_key,
-                                       non_finite_score=cfg.reward_model.non_finite_score)
+        self.reward_fn = build_reward_manager(cfg, self.tokenizer, inputs.score_fn)
         self.resume_dir = inputs.resume_dir
         self.skip_guard = SkippedStepGuard(cfg.trainer.max_consecutive_skipped_steps)
         t = cfg.trainer
