@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlx.config.schema import TrainerConfig
+
 log = logging.getLogger("rlx")
 
 CONTENTS = ("model", "optimizer", "extra")
@@ -396,7 +398,7 @@ def _damage_report(directory: str, problems: list[str]) -> str:
     return f"checkpoint {directory} is damaged:\n    " + "\n    ".join(shown)
 
 
-def find_resume_dir(trainer_cfg) -> str | None:
+def find_resume_dir(trainer_cfg: TrainerConfig) -> str | None:
     """The verified step dir to resume from per `trainer.resume_mode`, or None to start fresh.
 
     auto: the newest complete step under `trainer.default_local_dir` whose files match their checksums (the

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-from types import SimpleNamespace
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from rlx import checkpoint as ckpt
+from rlx.config.schema import TrainerConfig
 
 WORLD = 2
 
@@ -74,7 +74,7 @@ def _check(rank: int, strategy: str, root: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     barrier = torch.distributed.barrier
-    trainer_cfg = SimpleNamespace(resume_mode="auto", default_local_dir=root, resume_from_path=None)
+    trainer_cfg = TrainerConfig(resume_mode="auto", default_local_dir=root, resume_from_path=None)
     a = _engine(strategy)
     _train_step(a, 1, rank)
     d1 = ckpt.step_dir(root, 1)
@@ -198,7 +198,7 @@ def test_rotate_keeps_newest(tmp_path):
 
 def test_find_resume_dir_modes(tmp_path):
     root = str(tmp_path / "ckpts")
-    cfg = SimpleNamespace(resume_mode="auto", default_local_dir=root, resume_from_path=None)
+    cfg = TrainerConfig(resume_mode="auto", default_local_dir=root, resume_from_path=None)
     assert ckpt.find_resume_dir(cfg) is None  # no root yet
     d3 = _fake_step(root, 3)
     _fake_step(root, 10)
@@ -248,8 +248,8 @@ def _filled_step(root, step):
 
 
 def _auto(root, on_damaged="previous"):
-    return SimpleNamespace(resume_mode="auto", default_local_dir=root, resume_from_path=None,
-                           on_damaged_checkpoint=on_damaged)
+    return TrainerConfig(resume_mode="auto", default_local_dir=root, resume_from_path=None,
+                         on_damaged_checkpoint=on_damaged)
 
 
 def _overwrite(path):
@@ -284,7 +284,7 @@ def test_damaged_checkpoint_resumes_from_the_previous_one(tmp_path, caplog, dama
         in caplog.text
     with pytest.raises(ckpt.DamagedCheckpointError, match=rel):
         ckpt.find_resume_dir(_auto(root, on_damaged="error"))
-    cfg = SimpleNamespace(resume_mode="resume_path", resume_from_path=d2, default_local_dir=root)
+    cfg = TrainerConfig(resume_mode="resume_path", resume_from_path=d2, default_local_dir=root)
     with pytest.raises(ckpt.DamagedCheckpointError, match="trainer.resume_from_path"):
         ckpt.find_resume_dir(cfg)
 

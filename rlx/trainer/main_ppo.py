@@ -12,6 +12,11 @@ import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the entry point imports lazily, so that --help and a bad override answer fast
+    from rlx.config.schema import RLXConfig
+    from rlx.trainer.preflight import DriverInputs
 
 log = logging.getLogger("rlx")
 
@@ -155,7 +160,7 @@ def print_config(args: CliArgs) -> None:
             print(f"rlx: note: a run with this config would stop before it starts:\n{e}", file=sys.stderr)
 
 
-def choose_rollout(cfg) -> str:
+def choose_rollout(cfg: RLXConfig) -> str:
     from rlx.config.device import vllm_available
 
     name = cfg.actor_rollout_ref.rollout.name
@@ -168,7 +173,7 @@ def choose_rollout(cfg) -> str:
     return "hf"
 
 
-def init_ray(cfg) -> None:
+def init_ray(cfg: RLXConfig) -> None:
     """Join the cluster named by ray_init.address (`auto` or host:port) / RAY_ADDRESS, else start a new local Ray.
 
     Local means local: without an address, `ray.init(address="local")` starts a private Ray even when Ray's temp
@@ -219,7 +224,7 @@ def sigterm_unwinds():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _last_checkpoint_note(cfg) -> str:
+def _last_checkpoint_note(cfg: RLXConfig) -> str:
     from rlx import checkpoint as ckpt
 
     root = os.path.abspath(cfg.trainer.default_local_dir)
@@ -230,7 +235,7 @@ def _last_checkpoint_note(cfg) -> str:
             f"from it (trainer.resume_mode=auto).")
 
 
-def run(cfg, inputs=None):
+def run(cfg: RLXConfig, inputs: DriverInputs | None = None):
     """Check (preflight), start Ray (if needed), train; returns the trainer (its `history` holds the per-step
     metrics). Whatever ends the run, the workers and a Ray started here are stopped."""
     import ray

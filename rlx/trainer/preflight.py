@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from rlx.config.schema import RLXConfig
+
 log = logging.getLogger("rlx")
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -50,7 +52,7 @@ class DriverInputs:
     resume_dir: str | None
 
 
-def preflight(cfg) -> DriverInputs:
+def preflight(cfg: RLXConfig) -> DriverInputs:
     """Check everything the driver can see; raise one `PreflightError` listing every problem."""
     problems: list[str] = []
     model_dir = _check_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, problems)
@@ -138,7 +140,7 @@ def _load_tokenizer(key: str, directory: str, trust_remote_code: bool, problems:
         return None
 
 
-def _check_context(cfg, model_dir: str, problems: list[str]) -> None:
+def _check_context(cfg: RLXConfig, model_dir: str, problems: list[str]) -> None:
     """Prompt + response must fit the model's context (else vLLM refuses it deep inside a worker)."""
     import json
 
@@ -162,7 +164,7 @@ def _check_context(cfg, model_dir: str, problems: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- data and reward
-def _load_dataset(key: str, files, tokenizer, cfg, problems: list[str]):
+def _load_dataset(key: str, files, tokenizer, cfg: RLXConfig, problems: list[str]):
     from rlx.data.dataset import RLDataset
 
     try:
@@ -174,13 +176,13 @@ def _load_dataset(key: str, files, tokenizer, cfg, problems: list[str]):
     return None
 
 
-def _check_batches(cfg, train, problems: list[str]) -> None:
+def _check_batches(cfg: RLXConfig, train, problems: list[str]) -> None:
     if len(train) < cfg.data.train_batch_size:
         problems.append(f"data.train_batch_size={cfg.data.train_batch_size} exceeds the {len(train)} prompts of "
                         f"data.train_files; use more data or a smaller data.train_batch_size.")
 
 
-def _check_reward(cfg, datasets: list, problems: list[str]):
+def _check_reward(cfg: RLXConfig, datasets: list, problems: list[str]):
     from rlx.data.reward import known_data_sources, load_reward_fn
 
     try:
@@ -199,7 +201,7 @@ def _check_reward(cfg, datasets: list, problems: list[str]):
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-def _check_writable(cfg, problems: list[str]) -> None:
+def _check_writable(cfg: RLXConfig, problems: list[str]) -> None:
     """`trainer.default_local_dir` must take files if anything goes there (checkpoints, tensorboard logs)."""
     import tempfile
 
@@ -226,7 +228,7 @@ def _check_writable(cfg, problems: list[str]) -> None:
                         f"directory.")
 
 
-def _check_resume(cfg, problems: list[str]) -> str | None:
+def _check_resume(cfg: RLXConfig, problems: list[str]) -> str | None:
     import dataclasses
 
     from rlx import checkpoint as ckpt

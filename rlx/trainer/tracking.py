@@ -6,12 +6,14 @@ import json
 import os
 import sys
 
+from rlx.config.schema import RLXConfig
+
 CONSOLE_KEYS = ("critic/score/mean", "training/rollout_probs_diff_mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/vf_loss",
                 "response_length/mean", "timing_s/gen", "timing_s/update_actor", "timing_s/step")
 
 
 class Tracker:
-    def __init__(self, cfg, log_dir: str):
+    def __init__(self, cfg: RLXConfig, log_dir: str):
         t = cfg.trainer
         self.loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
         self.tb = self.wandb = self.file = None

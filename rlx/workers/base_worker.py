@@ -7,6 +7,8 @@ import socket
 
 import torch
 
+from rlx.config.schema import RLXConfig
+
 
 def ray_local_gpu_index() -> int:
     """Index, among the CUDA devices this process sees, of the one GPU Ray assigned to this worker.
@@ -29,7 +31,7 @@ def ray_local_gpu_index() -> int:
 
 
 class Worker:
-    def __init__(self, cfg, rank: int, world_size: int):
+    def __init__(self, cfg: RLXConfig, rank: int, world_size: int):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = None
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(message)s")

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from rlx.algos import core_algos
+from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig
 from rlx.protocol import Batch
 from rlx.workers.engine.base import FSDPEngine, UpdateSpec
 
@@ -18,8 +19,9 @@ class ActorEngine(FSDPEngine):
     `[tokens, vocab]` logits (see `rlx.ops.log_prob_head`).
     """
 
-    def __init__(self, *, role: str, model_cfg, actor_cfg, fsdp_cfg, strategy: str, device, world_size: int,
-                 rollout_n: int, temperature: float, total_steps: int = 1):
+    def __init__(self, *, role: str, model_cfg: ModelConfig, actor_cfg: ActorConfig, fsdp_cfg: FSDPConfig,
+                 strategy: str, device: torch.device, world_size: int, rollout_n: int, temperature: float,
+                 total_steps: int = 1):
         self.actor_cfg, self.world_size, self.rollout_n, self.temperature = actor_cfg, world_size, rollout_n, temperature
         self.fused = model_cfg.use_fused_kernels
         super().__init__(role=role, model_cfg=model_cfg, strategy=strategy, fsdp_cfg=fsdp_cfg, device=device,

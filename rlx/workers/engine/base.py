@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from rlx.algos import core_algos
+from rlx.config.schema import CriticModelConfig, FSDPConfig, ModelConfig, OptimConfig
 from rlx.protocol import Batch
 from rlx.workers.engine import fsdp as F
 from rlx.workers.engine.heads import apply_token_head, packed_attn_implementation
@@ -25,8 +26,9 @@ class FSDPEngine:
     Runs without Ray: workers and torchrun scripts construct it the same way. `role` is actor | ref | critic.
     """
 
-    def __init__(self, *, role: str, model_cfg, strategy: str, fsdp_cfg, device: torch.device,
-                 optim_cfg=None, total_steps: int = 1, dtype: str | None = None, head_chunk_size: Optional[int] = None):
+    def __init__(self, *, role: str, model_cfg: ModelConfig | CriticModelConfig, strategy: str, fsdp_cfg: FSDPConfig,
+                 device: torch.device, optim_cfg: OptimConfig | None = None, total_steps: int = 1,
+                 dtype: str | None = None, head_chunk_size: Optional[int] = None):
         self.role, self.device, self.fsdp_cfg = role, device, fsdp_cfg
         self.remove_padding = model_cfg.use_remove_padding
         dtype = dtype or fsdp_cfg.model_dtype
@@ -44,7 +46,7 @@ class FSDPEngine:
 
             apply_tiled_mlp(find_decoder_layers(model), model_cfg.tile_mlp_tokens)
         trains = optim_cfg is not None
-        offload = trains and bool(getattr(model_cfg, "enable_activation_offload", False))
+        offload = trains and model_cfg.enable_activation_offload
         ckpt = trains and model_cfg.enable_gradient_checkpointing
         if ckpt and not offload:
             F.apply_gradient_checkpointing(model)

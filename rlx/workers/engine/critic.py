@@ -4,12 +4,13 @@ from __future__ import annotations
 import torch
 
 from rlx.algos import core_algos
+from rlx.config.schema import CriticConfig
 from rlx.protocol import Batch
 from rlx.workers.engine.base import FSDPEngine, UpdateSpec
 
 
 class CriticEngine(FSDPEngine):
-    def __init__(self, *, critic_cfg, device, world_size: int, total_steps: int = 1):
+    def __init__(self, *, critic_cfg: CriticConfig, device: torch.device, world_size: int, total_steps: int = 1):
         self.critic_cfg, self.world_size = critic_cfg, world_size
         super().__init__(role="critic", model_cfg=critic_cfg.model, strategy=critic_cfg.strategy,
                          fsdp_cfg=critic_cfg.model.fsdp_config, device=device, optim_cfg=critic_cfg.optim,

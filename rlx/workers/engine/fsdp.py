@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlx.config.schema import FSDPConfig, OptimConfig
+
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
 
@@ -74,9 +76,9 @@ def apply_gradient_checkpointing(model: nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg, device: torch.device) -> nn.Module:
+def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: torch.device) -> nn.Module:
     """Shard each decoder layer and the root with FSDP1 (`fsdp`) or FSDP2 (`fsdp2`)."""
-    mp = getattr(fsdp_cfg, "mixed_precision", None) or {}
+    mp = fsdp_cfg.mixed_precision
     param_dtype = DTYPES[mp.get("param_dtype", "fp32")]
     reduce_dtype = DTYPES[mp.get("reduce_dtype", "fp32")]
     layer_classes = decoder_layer_classes(model)
@@ -85,7 +87,7 @@ def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg, device: torch.device) 
 
         kwargs = dict(mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
                       reshard_after_forward=fsdp_cfg.reshard_after_forward)
-        if getattr(fsdp_cfg, "offload_policy", False):
+        if fsdp_cfg.offload_policy:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
         elif device.type == "cuda":
             model.to(device)
@@ -106,7 +108,7 @@ def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg, device: torch.device) 
                                            buffer_dtype=DTYPES[mp.get("buffer_dtype", "fp32")]),
             sharding_strategy=(ShardingStrategy.FULL_SHARD if fsdp_cfg.reshard_after_forward
                                else ShardingStrategy.SHARD_GRAD_OP),
-            cpu_offload=CPUOffload(offload_params=bool(getattr(fsdp_cfg, "offload_policy", False))),
+            cpu_offload=CPUOffload(offload_params=fsdp_cfg.offload_policy),
             device_id=device,
             forward_prefetch=fsdp_cfg.forward_prefetch,
             use_orig_params=True,
@@ -127,7 +129,7 @@ def clip_grad_norm(module: nn.Module, max_norm: float) -> torch.Tensor:
     return norm
 
 
-def build_optimizer(module: nn.Module, optim_cfg, total_steps: int):
+def build_optimizer(module: nn.Module, optim_cfg: OptimConfig, total_steps: int):
     """AdamW and a LambdaLR with linear warm-up then constant or cosine decay."""
     opt = torch.optim.AdamW(module.parameters(), lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
                             weight_decay=optim_cfg.weight_decay)
