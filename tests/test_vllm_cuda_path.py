@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlx.config.schema import RolloutConfig
 from rlx.protocol import Batch
 from rlx.workers.rollout.vllm_rollout import SLEEP_TAGS, VLLMRollout, check_gpu_memory_budget
 
@@ -18,8 +19,9 @@ def _rollout(rank=0, world_size=4, tp=2, device="cuda", **cfg):
                 enforce_eager=True, max_num_seqs=64, max_model_len=None, enable_chunked_prefill=True,
                 max_num_batched_tokens=8192, disable_log_stats=True)
     base.update(cfg)
-    r.cfg = SimpleNamespace(**base)
-    r.model_path, r.device, r.dtype = "/nonexistent", device, "bfloat16"
+    r.cfg = RolloutConfig(**base)
+    r.model_path, r.device, r.dtype, r.trust_remote_code = "/nonexistent", device, "bfloat16", False
+    r.ignore_eos = r.cfg.ignore_eos
     r.rank, r.world_size, r.tp, r.dp_rank = rank, world_size, tp, rank // tp
     r.max_prompt_length, r.max_response_length = 16, 32
     r.free_cache_engine, r.sleep_level, r._asleep = base["free_cache_engine"], 1, set()

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from rlx.algos.probs_diff import rollout_probs_diff
+from rlx.config.schema import RolloutConfig
 from rlx.protocol import Batch
 from rlx.workers.engine.weights import iter_full_params
 
@@ -55,9 +56,10 @@ def rollout_cfg(**kw):
     base = dict(name="vllm", n=1, temperature=1.0, top_p=1.0, top_k=-1, do_sample=True, dtype="float32",
                 gpu_memory_utilization=0.5, enforce_eager=True, free_cache_engine=True, tensor_model_parallel_size=1,
                 max_num_batched_tokens=None, max_model_len=None, max_num_seqs=32, calculate_log_probs=True, seed=0,
-                enable_chunked_prefill=None, disable_log_stats=True, engine_kwargs={})
+                enable_chunked_prefill=None, disable_log_stats=True, engine_kwargs={},
+                load_format="auto")  # the engine starts with the checkpoint's weights (the "stale" generation)
     base.update(kw)
-    return SimpleNamespace(**base)
+    return RolloutConfig(**base)
 
 
 def left_padded(tokenizer, texts):

@@ -37,19 +37,21 @@ class ActorRolloutRefWorker(Worker):
         arr, data = self.cfg.actor_rollout_ref, self.cfg.data
         path = resolve_model_path(arr.model.path)
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=arr.model.trust_remote_code)
-        cuda = self.device.type == "cuda"
+        if arr.model.custom_chat_template:  # carried by the HF export of the checkpoints
+            tok.chat_template = arr.model.custom_chat_template
+        self.tokenizer = tok
+        dtype = arr.rollout.dtype if self.device.type == "cuda" else "float32"
         if name == "vllm":
             return build_rollout("vllm", model_path=path, rollout_cfg=arr.rollout,
                                  max_prompt_length=data.max_prompt_length,
                                  max_response_length=data.max_response_length, rank=self.rank,
                                  world_size=self.world_size, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id, dtype=arr.rollout.dtype if cuda else "float32",
-                                 device=self.device.type)
+                                 eos_token_id=tok.eos_token_id, dtype=dtype, device=self.device.type,
+                                 trust_remote_code=arr.model.trust_remote_code)
         return build_rollout("hf", model_path=path, max_response_length=data.max_response_length,
                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, device=self.device,
-                             dtype=torch.bfloat16 if cuda else torch.float32,
-                             calculate_log_probs=arr.rollout.calculate_log_probs,
-                             trust_remote_code=arr.model.trust_remote_code)
+                             dtype=getattr(torch, dtype), calculate_log_probs=arr.rollout.calculate_log_probs,
+                             trust_remote_code=arr.model.trust_remote_code, ignore_eos=arr.rollout.ignore_eos)
 
     # ---- the steps the driver calls ----------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch) -> Batch:
@@ -82,12 +84,14 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, batch: Batch) -> dict:
         return self.actor.update_policy(batch)
 
-    def save_checkpoint(self, path: str, hf_export: bool = True) -> None:
-        """Sharded actor checkpoint (+ an HF-format export that from_pretrained and vLLM load). The ref is not saved."""
+    def save_checkpoint(self, path: str) -> None:
+        """Sharded actor checkpoint, with an HF-format export (from_pretrained, vLLM) when `checkpoint.save_contents`
+        has hf_model. The ref is not saved."""
         from rlx.checkpoint import save_engine
 
+        model = self.cfg.actor_rollout_ref.model
         save_engine(self.actor, path, contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents,
-                    hf_export=hf_export)
+                    tokenizer=self.tokenizer if model.custom_chat_template else None)
 
     def load_checkpoint(self, path: str) -> None:
         from rlx.checkpoint import load_engine

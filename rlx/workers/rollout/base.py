@@ -13,7 +13,8 @@ fills these from the rollout config, or from `rollout.val_kwargs` for validation
 The result holds B*n rows, the n samples of prompt i contiguous (rows i*n .. i*n+n-1), with tensors:
     prompts        [B*n, P]    the left-padded prompt ids
     responses      [B*n, R]    right-padded with pad_token_id, R = data.max_response_length exactly
-    response_mask  [B*n, R]    1 up to and including the EOS token, 0 after
+    response_mask  [B*n, R]    1 up to and including the EOS token, 0 after (with rollout.ignore_eos: 1 on every
+                               generated token, EOS tokens included)
     input_ids      [B*n, P+R]  cat(prompts, responses)
     attention_mask [B*n, P+R]  cat(prompt mask, response mask)
     position_ids   [B*n, P+R]  cumsum(attention_mask) - 1, clipped at 0
@@ -39,12 +40,17 @@ class Rollout(Protocol):
 
 def assemble_output(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
                     eos_token_id: int | list[int], pad_token_id: int,
-                    rollout_log_probs: torch.Tensor | None = None) -> Batch:
-    """Build the rollout result from repeated prompts [N, P] and raw responses [N, R] (right-padded)."""
+                    rollout_log_probs: torch.Tensor | None = None, ignore_eos: bool = False) -> Batch:
+    """Build the rollout result from repeated prompts [N, P] and raw responses [N, R] (right-padded).
+
+    With `ignore_eos` the engine generated past EOS and every generated token counts: a row ends only where the
+    engine stopped (max length), never at an EOS token."""
     eos_ids = torch.tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
     is_eos = torch.isin(responses, eos_ids)
     # 1 up to and including the first EOS
     after_eos = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) > 0
+    if ignore_eos:
+        after_eos = torch.zeros_like(after_eos)
     response_mask = (~after_eos).long()
     responses = responses.masked_fill(after_eos, pad_token_id)
     attention_mask = torch.cat([prompt_mask.long(), response_mask], dim=1)

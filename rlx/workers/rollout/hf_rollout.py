@@ -17,7 +17,7 @@ from rlx.workers.rollout.base import assemble_output
 class HFRollout:
     def __init__(self, model_path: str, *, max_response_length: int, pad_token_id: int, eos_token_id,
                  device: torch.device, dtype: torch.dtype = torch.float32, calculate_log_probs: bool = False,
-                 micro_batch_size: int = 64, trust_remote_code: bool = False):
+                 micro_batch_size: int = 64, trust_remote_code: bool = False, ignore_eos: bool = False):
         from transformers import AutoModelForCausalLM
 
         from rlx.models import resolve_model_path
@@ -28,6 +28,7 @@ class HFRollout:
         self.device, self.max_response_length = device, max_response_length
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.calculate_log_probs, self.micro_batch_size = calculate_log_probs, micro_batch_size
+        self.ignore_eos = ignore_eos  # rollout.ignore_eos: generate max_response_length tokens, EOS included
 
     @torch.no_grad()
     def sync_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -54,7 +55,7 @@ class HFRollout:
             responses.append(r)
             log_probs.append(lp)
         return assemble_output(ids, mask, torch.cat(responses), self.eos_token_id, self.pad_token_id,
-                               torch.cat(log_probs) if self.calculate_log_probs else None)
+                               torch.cat(log_probs) if self.calculate_log_probs else None, ignore_eos=self.ignore_eos)
 
     def _generate(self, ids, mask, do_sample, temperature, top_k, top_p, gen):
         """Sampling loop with an explicit generator (reproducible per rank) and a KV cache."""
@@ -82,7 +83,8 @@ class HFRollout:
             lp = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
             tok = torch.where(done, torch.full_like(tok, self.pad_token_id), tok)
             out[:, t], lps[:, t] = tok, torch.where(done, torch.zeros_like(lp), lp)
-            done |= torch.isin(tok, eos)
+            if not self.ignore_eos:
+                done |= torch.isin(tok, eos)
             if bool(done.all()):
                 break
             mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=self.device)], dim=1)

@@ -56,6 +56,7 @@ from typing import Any, Iterable
 
 import torch
 
+from rlx.config.schema import RolloutConfig
 from rlx.protocol import Batch
 from rlx.workers.rollout.base import assemble_output
 
@@ -63,16 +64,6 @@ logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-
-
-def _cfg_get(cfg: Any, key: str, default=None):
-    if cfg is None:
-        return default
-    if isinstance(cfg, dict):
-        val = cfg.get(key, default)
-    else:
-        val = getattr(cfg, key, default)
-    return default if val is None else val
 
 
 def _kv_bytes_per_token(model_path: str, dtype: str, tp: int) -> int | None:
@@ -94,11 +85,9 @@ def _kv_bytes_per_token(model_path: str, dtype: str, tp: int) -> int | None:
 
 
 def _available_memory_bytes() -> int:
-    try:
-        import psutil
-        return int(psutil.virtual_memory().available)
-    except Exception:  # noqa: BLE001
-        return 8 * _GIB
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 class _RotaryReloadFilter(logging.Filter):
@@ -140,9 +129,10 @@ class VLLMRollout:
 
     _release_noop_logged = False
 
-    def __init__(self, model_path: str, rollout_cfg, *, max_prompt_length: int, max_response_length: int,
-                 rank: int = 0, world_size: int = 1, pad_token_id: int, eos_token_id: int | list[int],
-                 dtype: str | None = None, device: str = "cpu"):
+    def __init__(self, model_path: str, rollout_cfg: RolloutConfig, *, max_prompt_length: int,
+                 max_response_length: int, rank: int = 0, world_size: int = 1, pad_token_id: int,
+                 eos_token_id: int | list[int], dtype: str | None = None, device: str = "cpu",
+                 trust_remote_code: bool = False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
             raise RuntimeError("VLLMRollout runs the engine in-process: VLLM_ENABLE_V1_MULTIPROCESSING must be 0 "
@@ -157,8 +147,9 @@ class VLLMRollout:
         self.pad_token_id = int(pad_token_id)
         self.eos_token_id = eos_token_id
         self.device = device
-        self.dtype = str(dtype or _cfg_get(rollout_cfg, "dtype", "float32")).replace("torch.", "")
-        self.tp = int(_cfg_get(rollout_cfg, "tensor_model_parallel_size", 1))
+        self.trust_remote_code = bool(trust_remote_code)  # actor_rollout_ref.model.trust_remote_code
+        self.dtype = str(dtype or rollout_cfg.dtype).replace("torch.", "")
+        self.tp = int(rollout_cfg.tensor_model_parallel_size)
         if self.tp < 1 or self.world_size % self.tp:
             raise ValueError(f"rollout.tensor_model_parallel_size={self.tp} must divide the world size "
                              f"{self.world_size}")
@@ -166,9 +157,10 @@ class VLLMRollout:
             raise ValueError("rollout.tensor_model_parallel_size > 1 needs GPUs; on CPU every rank runs its "
                              "own engine (data parallel): set it to 1")
         self.dp_rank = self.rank // self.tp
-        self.free_cache_engine = bool(_cfg_get(rollout_cfg, "free_cache_engine", True))
-        self.calculate_log_probs = bool(_cfg_get(rollout_cfg, "calculate_log_probs", False))
-        self.sleep_level = int(_cfg_get(rollout_cfg, "sleep_level", 1))
+        self.free_cache_engine = bool(rollout_cfg.free_cache_engine)
+        self.calculate_log_probs = bool(rollout_cfg.calculate_log_probs)
+        self.ignore_eos = bool(rollout_cfg.ignore_eos)
+        self.sleep_level = 1  # verl's: weights to pinned host memory, KV cache freed
         self._asleep: set[str] = set()  # the sleep-mode tags ("weights", "kv_cache") now released
 
         self._prepare_distributed_env()
@@ -177,7 +169,7 @@ class VLLMRollout:
         _quiet_rotary_reload_warning()
 
         self._orig_set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it process-wide
-        engine_kwargs = dict(_cfg_get(rollout_cfg, "engine_kwargs", {}) or {})
+        engine_kwargs = dict(rollout_cfg.engine_kwargs or {})
         if isinstance(engine_kwargs.get("vllm"), dict) or "vllm" in engine_kwargs:  # verl's layout: {vllm: {...}}
             engine_kwargs = dict(engine_kwargs.get("vllm") or {})
         llm_kwargs = self._engine_args(engine_kwargs)
@@ -189,7 +181,7 @@ class VLLMRollout:
         self.llm = LLM(model=self.model_path, **llm_kwargs)
         logger.info("vLLM engine (rank %d/%d, tp %d, %s, %s) built in %.1fs", self.rank, self.world_size,
                     self.tp, self.dtype, device, time.perf_counter() - t0)
-        # The engine starts awake with the checkpoint's weights; the first sync replaces them.
+        # The engine starts awake with its first weights (`load_format`); the first sync replaces them.
         if self.free_cache_engine and self.sleep_enabled:
             self.release()
 
@@ -255,34 +247,35 @@ class VLLMRollout:
 
     def _engine_args(self, engine_kwargs: dict) -> dict:
         cfg = self.cfg
-        max_model_len = int(_cfg_get(cfg, "max_model_len", 0) or 0) or (self.max_prompt_length
-                                                                         + self.max_response_length)
-        max_num_seqs = int(_cfg_get(cfg, "max_num_seqs", 256))
+        max_model_len = int(cfg.max_model_len or 0) or (self.max_prompt_length + self.max_response_length)
+        max_num_seqs = int(cfg.max_num_seqs)
         kwargs: dict[str, Any] = dict(
             tensor_parallel_size=self.tp,
             distributed_executor_backend="external_launcher",
             dtype=self.dtype,
-            seed=int(_cfg_get(cfg, "seed", 0)) + self.dp_rank,
-            enforce_eager=bool(_cfg_get(cfg, "enforce_eager", True)),
+            seed=int(cfg.seed) + self.dp_rank,
+            enforce_eager=bool(cfg.enforce_eager),
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
-            disable_log_stats=bool(_cfg_get(cfg, "disable_log_stats", True)),
+            disable_log_stats=bool(cfg.disable_log_stats),
             # prompts go in and results come out as token ids (detokenize=False); the tokenizer is still loaded
             # (cheap): with skip_tokenizer_init=True vLLM 0.32 logs a chat-template warm-up traceback per engine
             skip_tokenizer_init=False,
             # log-probs of the sampled token after temperature (and top-k/top-p), as the actor computes them
             logprobs_mode="processed_logprobs",
-            trust_remote_code=bool(_cfg_get(cfg, "trust_remote_code", False)),
+            trust_remote_code=self.trust_remote_code,
+            # verl's dummy_dtensor: random first weights, nothing read from disk (a sync precedes every generation)
+            load_format="dummy" if cfg.load_format.startswith("dummy") else cfg.load_format,
         )
-        chunked = _cfg_get(cfg, "enable_chunked_prefill", None)
+        chunked = cfg.enable_chunked_prefill
         if chunked is not None:
             kwargs["enable_chunked_prefill"] = bool(chunked)
-        mnbt = _cfg_get(cfg, "max_num_batched_tokens", None)
+        mnbt = cfg.max_num_batched_tokens
         if mnbt:
             # without chunked prefill a whole prompt must fit in one step
             kwargs["max_num_batched_tokens"] = int(mnbt) if chunked is not False else max(int(mnbt), max_model_len)
         if self.device == "cuda":
-            kwargs["gpu_memory_utilization"] = float(_cfg_get(cfg, "gpu_memory_utilization", 0.5))
+            kwargs["gpu_memory_utilization"] = float(cfg.gpu_memory_utilization)
             kwargs["enable_sleep_mode"] = self.free_cache_engine
             # each Ray worker sees only its own GPU: the custom all-reduce's CUDA IPC buffers cannot be opened
             # across such processes (and sleep mode cannot release them); NCCL serves TP > 1 (as in verl)
@@ -305,7 +298,7 @@ class VLLMRollout:
         one_seq = math.ceil(max_model_len / block) * block * per_token
         wanted = one_seq * max_num_seqs
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size) or 1)
-        util = float(_cfg_get(self.cfg, "gpu_memory_utilization", 0.5))
+        util = float(self.cfg.gpu_memory_utilization)
         cap = int(util * _available_memory_bytes() / max(1, local_ranks))
         return max(min(wanted, cap), 2 * one_seq)
 
@@ -358,16 +351,18 @@ class VLLMRollout:
         from vllm import SamplingParams
 
         cfg = self.cfg
-        do_sample = bool(meta.get("do_sample", _cfg_get(cfg, "do_sample", True)))
-        temperature = float(meta.get("temperature", _cfg_get(cfg, "temperature", 1.0)))
+        do_sample = bool(meta.get("do_sample", cfg.do_sample))
+        temperature = float(meta.get("temperature", cfg.temperature))
         greedy = (not do_sample) or temperature <= 0.0
-        n = int(meta.get("n", _cfg_get(cfg, "n", 1)))
-        top_k = int(meta.get("top_k", _cfg_get(cfg, "top_k", -1)))
-        top_p = float(meta.get("top_p", _cfg_get(cfg, "top_p", 1.0)))
+        n = int(meta.get("n", cfg.n))
+        top_k = int(meta.get("top_k", cfg.top_k))
+        top_p = float(meta.get("top_p", cfg.top_p))
         seed = meta.get("seed", None)
         calc_lp = bool(meta.get("calculate_log_probs", self.calculate_log_probs))
         eos = list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
-        common = dict(max_tokens=self.max_response_length, stop_token_ids=[int(e) for e in eos],
+        # ignore_eos: exactly max_tokens tokens, EOS included (and no EOS among the stop tokens)
+        common = dict(max_tokens=self.max_response_length, ignore_eos=self.ignore_eos,
+                      stop_token_ids=[] if self.ignore_eos else [int(e) for e in eos],
                       detokenize=False, logprobs=0 if calc_lp else None)
         if greedy:  # vLLM requires n == 1 for greedy sampling: the n copies are made afterwards
             params = [SamplingParams(n=1, temperature=0.0, **common)] * n_prompts
@@ -416,5 +411,5 @@ class VLLMRollout:
         rep_prompts = input_ids.repeat_interleave(n, dim=0)
         rep_mask = prompt_mask.repeat_interleave(n, dim=0)
         result = assemble_output(rep_prompts, rep_mask, responses, self.eos_token_id, self.pad_token_id,
-                                 rollout_log_probs=log_probs)
+                                 rollout_log_probs=log_probs, ignore_eos=self.ignore_eos)
         return result

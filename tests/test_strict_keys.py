@@ -1,0 +1,127 @@
+"""Keys that used to be accepted and ignored, or that misbehaved: one test each (the accounting of every key is
+tests/test_config_keys.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlx.config import load_config
+from rlx.config.schema import RolloutConfig
+from rlx.protocol import Batch
+
+
+def err(*overrides) -> str:
+    with pytest.raises(ValueError) as e:
+        load_config(list(overrides))
+    return str(e.value)
+
+
+# ---- rollout.ignore_eos --------------------------------------------------------------------------------------
+def _eos_model_rollout(tiny_model_path, ignore_eos: bool):
+    """An HF rollout whose model emits token 0 at every step (zero output layer, greedy), token 0 being EOS."""
+    from rlx.workers.rollout.hf_rollout import HFRollout
+
+    rollout = HFRollout(tiny_model_path, max_response_length=6, pad_token_id=1, eos_token_id=0,
+                        device=torch.device("cpu"), ignore_eos=ignore_eos)
+    with torch.no_grad():
+        rollout.model.lm_head.weight.zero_()
+    return rollout
+
+
+def test_ignore_eos_gives_max_length_responses_hf(tiny_model_path):
+    prompts = Batch({"input_ids": torch.tensor([[1, 5, 6], [7, 8, 9]]), "attention_mask": torch.tensor([[0, 1, 1],
+                                                                                                       [1, 1, 1]])},
+                    meta={"n": 2, "do_sample": False, "temperature": 0.0})
+    stops = _eos_model_rollout(tiny_model_path, ignore_eos=False).generate_sequences(prompts)
+    assert stops["response_mask"].sum(-1).tolist() == [1, 1, 1, 1]  # EOS first, then nothing
+    full = _eos_model_rollout(tiny_model_path, ignore_eos=True).generate_sequences(prompts)
+    assert full["response_mask"].sum(-1).tolist() == [6, 6, 6, 6]
+    assert (full["responses"] == 0).all()  # EOS tokens, kept and unmasked
+
+
+def test_assemble_output_ignore_eos_keeps_tokens_after_eos():
+    from rlx.workers.rollout.base import assemble_output
+
+    prompts, mask = torch.tensor([[3, 4]]), torch.ones(1, 2, dtype=torch.long)
+    responses = torch.tensor([[5, 2, 6, 7]])  # EOS (2) second
+    assert assemble_output(prompts, mask, responses, 2, 0)["response_mask"].tolist() == [[1, 1, 0, 0]]
+    out = assemble_output(prompts, mask, responses, 2, 0, ignore_eos=True)
+    assert out["response_mask"].tolist() == [[1, 1, 1, 1]] and out["responses"].tolist() == [[5, 2, 6, 7]]
+
+
+def test_vllm_sampling_params_ignore_eos():
+    pytest.importorskip("vllm")
+    from rlx.workers.rollout.vllm_rollout import VLLMRollout
+
+    r = VLLMRollout.__new__(VLLMRollout)
+    r.cfg, r.max_response_length, r.eos_token_id, r.dp_rank, r.calculate_log_probs = RolloutConfig(), 8, 2, 0, False
+    for ignore in (False, True):
+        r.ignore_eos = ignore
+        params, *_ = r._sampling_params({"n": 2, "do_sample": True, "temperature": 1.0, "seed": 1}, 1)
+        assert params[0].ignore_eos is ignore and params[0].max_tokens == 8
+        assert params[0].stop_token_ids == ([] if ignore else [2])
+
+
+# ---- vLLM engine arguments: schema defaults, trust_remote_code, load_format ---------------------------------
+def _engine_args(device="cpu", trust_remote_code=False, **cfg):
+    from rlx.workers.rollout.vllm_rollout import VLLMRollout
+
+    r = VLLMRollout.__new__(VLLMRollout)
+    r.cfg = RolloutConfig(**cfg)
+    r.model_path, r.device, r.dtype, r.trust_remote_code = "/nonexistent", device, "float32", trust_remote_code
+    r.rank, r.world_size, r.tp, r.dp_rank = 0, 1, 1, 0
+    r.max_prompt_length, r.max_response_length, r.free_cache_engine = 16, 16, True
+    return r._engine_args({"kv_cache_memory_bytes": 1 << 20})
+
+
+def test_vllm_engine_args_follow_the_config():
+    args = _engine_args()
+    assert args["max_num_seqs"] == RolloutConfig().max_num_seqs == 1024  # the schema's default, not a code default
+    assert args["trust_remote_code"] is False and args["load_format"] == "dummy"  # verl's dummy_dtensor
+    assert _engine_args(trust_remote_code=True)["trust_remote_code"] is True
+    assert _engine_args(load_format="safetensors")["load_format"] == "safetensors"
+    assert "load_format=" in err("actor_rollout_ref.rollout.load_format=megatron")
+    assert "actor_rollout_ref.rollout.dtype" in err("actor_rollout_ref.rollout.dtype=int8")
+
+
+def test_vllm_rollout_receives_trust_remote_code(monkeypatch):
+    """The worker hands actor_rollout_ref.model.trust_remote_code to the vLLM rollout (it reached only the HF
+    loaders before)."""
+    import rlx.workers.rollout as rollout_pkg
+    from rlx.workers.actor_worker import ActorRolloutRefWorker
+
+    seen = {}
+    monkeypatch.setattr(rollout_pkg, "build_rollout", lambda name, **kw: seen.update(kw, name=name))
+    cfg = load_config(["actor_rollout_ref.model.trust_remote_code=True", "trainer.device=cpu"])
+    worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+    worker.cfg, worker.rank, worker.world_size, worker.device = cfg, 0, 2, torch.device("cpu")
+    worker._build_rollout("vllm")
+    assert seen["name"] == "vllm" and seen["trust_remote_code"] is True
+    worker._build_rollout("hf")
+    assert seen["name"] == "hf" and seen["trust_remote_code"] is True and seen["ignore_eos"] is False
+
+
+def test_available_memory_is_measured_not_assumed(monkeypatch):
+    import psutil
+
+    from rlx.workers.rollout import vllm_rollout
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("M", (), {"available": 123})())
+    assert vllm_rollout._available_memory_bytes() == 123
+
+
+# ---- checkpoint.save_contents --------------------------------------------------------------------------------
+@pytest.mark.parametrize("contents,exports", [("[model,optimizer,extra]", False),
+                                              ("[model,optimizer,extra,hf_model]", True), (None, True)])
+def test_actor_hf_export_follows_save_contents(monkeypatch, contents, exports):
+    """The actor's HF export is written when save_contents has hf_model (rlx's actor default), never otherwise."""
+    import rlx.checkpoint as ckpt
+    from rlx.workers.actor_worker import ActorRolloutRefWorker
+
+    seen = {}
+    monkeypatch.setattr(ckpt, "save_engine", lambda engine, path, contents, **kw: seen.update(kw, contents=contents))
+    overrides = [f"actor_rollout_ref.actor.checkpoint.save_contents={contents}"] if contents else []
+    worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+    worker.cfg, worker.actor, worker.tokenizer = load_config(overrides), object(), None
+    worker.save_checkpoint("/nonexistent")
+    assert ("hf_model" in seen["contents"]) is exports and "hf_export" not in seen
