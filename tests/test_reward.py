@@ -5,14 +5,13 @@ import importlib.util
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from rlx.config.schema import DataConfig
+from rlx.config.schema import CustomRewardFunctionConfig, DataConfig
 from rlx.data.dataset import RLDataset
 from rlx.data.reward import RewardManager, default_compute_score, load_reward_fn, mean_extras
 from rlx.data.rewards import gsm8k
@@ -72,26 +71,26 @@ def test_default_dispatch_unknown_source():
 
 
 def test_load_reward_fn_default_and_custom(tmp_path):
-    fn = load_reward_fn(types.SimpleNamespace(path=None, name="compute_score"), {"format_score": 0.2})
+    fn = load_reward_fn(CustomRewardFunctionConfig(), {"format_score": 0.2})
     assert fn(data_source="openai/gsm8k", solution_str="#### 3", ground_truth="4") == 0.2
-    assert load_reward_fn(None, {})("gsm8k", "#### 4", "4") == 1.0
+    assert load_reward_fn(CustomRewardFunctionConfig(), {})("gsm8k", "#### 4", "4") == 1.0
 
     src = tmp_path / "my_reward.py"
     src.write_text(
         "def my_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
         "    hit = float(solution_str.strip() == ground_truth)\n"
         "    return {'score': hit + bonus, 'acc': hit, 'length': len(solution_str)}\n")
-    fn = load_reward_fn(types.SimpleNamespace(path=str(src), name="my_score"), {"bonus": 0.5})
+    fn = load_reward_fn(CustomRewardFunctionConfig(path=str(src), name="my_score"), {"bonus": 0.5})
     assert fn(data_source="x", solution_str="yes", ground_truth="yes") == {"score": 1.5, "acc": 1.0, "length": 3}
 
     with pytest.raises(ValueError, match="custom_reward_function.name='nope'"):
-        load_reward_fn(types.SimpleNamespace(path=str(src), name="nope"), {})
+        load_reward_fn(CustomRewardFunctionConfig(path=str(src), name="nope"), {})
     with pytest.raises(ValueError, match="custom_reward_function.path"):
-        load_reward_fn(types.SimpleNamespace(path=str(tmp_path / "missing.py"), name="f"), {})
+        load_reward_fn(CustomRewardFunctionConfig(path=str(tmp_path / "missing.py"), name="f"), {})
     broken = tmp_path / "broken.py"
     broken.write_text("def f(:\n")
     with pytest.raises(ValueError, match="failed to import"):
-        load_reward_fn(types.SimpleNamespace(path=str(broken), name="f"), {})
+        load_reward_fn(CustomRewardFunctionConfig(path=str(broken), name="f"), {})
 
 
 def _batch(tok, texts, resp_len=8, truths=None, sources=None):
@@ -111,7 +110,7 @@ def _batch(tok, texts, resp_len=8, truths=None, sources=None):
 def test_reward_manager_places_score_on_last_valid_token():
     tok = build_byte_tokenizer()
     batch = _batch(tok, ["#### 4", "#### 5", "#### 4 and more text"], truths=["4", "4", "4"])
-    scores, extra = RewardManager(tok, load_reward_fn(None, {"format_score": 0.1}))(batch)
+    scores, extra = RewardManager(tok, load_reward_fn(CustomRewardFunctionConfig(), {"format_score": 0.1}))(batch)
     assert scores.shape == (3, 8) and scores.dtype == torch.float32
     # "#### 4" + eos = 7 valid tokens -> index 6 (the eos is decoded away but still the last valid token)
     assert scores[0, 6] == 1.0 and scores[0].sum() == 1.0
@@ -136,7 +135,7 @@ def test_reward_manager_dict_scores(tmp_path):
         "    return {'score': float(ground_truth in solution_str), 'acc': 1.0, 'source': data_source}\n")
     tok = build_byte_tokenizer()
     batch = _batch(tok, ["abc", "xyz", "q"], sources=["d", "plain", "d"], truths=["b", "y", "z"])
-    scores, extra = RewardManager(tok, load_reward_fn(types.SimpleNamespace(path=str(src), name=None), {}))(batch)
+    scores, extra = RewardManager(tok, load_reward_fn(CustomRewardFunctionConfig(path=str(src)), {}))(batch)
     assert scores[0, 3] == 1.0 and scores[1, 3] == 0.25 and scores[2, 1] == 0.0
     assert set(extra) == {"acc", "source"}
     assert extra["acc"][0] == 1.0 and np.isnan(extra["acc"][1]) and extra["acc"][2] == 1.0
@@ -175,7 +174,7 @@ def test_prepare_gsm8k_script(tmp_path):
 def _custom(tmp_path, body: str):
     src = tmp_path / "my_reward.py"
     src.write_text("def my_score(data_source, solution_str, ground_truth, extra_info=None):\n" + body)
-    return src, load_reward_fn(types.SimpleNamespace(path=str(src), name="my_score"), {})
+    return src, load_reward_fn(CustomRewardFunctionConfig(path=str(src), name="my_score"), {})
 
 
 @pytest.mark.parametrize("value", ["float('nan')", "float('inf')", "{'score': float('-inf')}"])

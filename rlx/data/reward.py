@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from rlx.config.schema import CustomRewardFunctionConfig
 from rlx.data import synthetic
 from rlx.data.rewards import gsm8k
 from rlx.protocol import Batch
@@ -46,16 +47,16 @@ def default_compute_score(data_source, solution_str: str, ground_truth, extra_in
                      f"custom_reward_function.name if it is not 'compute_score')")
 
 
-def load_reward_fn(custom_cfg, reward_kwargs: dict | None = None) -> Callable:
+def load_reward_fn(custom_cfg: CustomRewardFunctionConfig, reward_kwargs: dict | None = None) -> Callable:
     """The custom function ``custom_cfg.name`` from file ``custom_cfg.path`` if a path is set, else the default;
     ``reward_kwargs`` (e.g. ``{"format_score": 0.1}``) are bound as keyword arguments, except the dapo manager's
     own (`MANAGER_KWARGS`)."""
     reward_kwargs = {k: v for k, v in (reward_kwargs or {}).items() if k not in MANAGER_KWARGS}
-    path = getattr(custom_cfg, "path", None) if custom_cfg is not None else None
+    path = custom_cfg.path
     if not path:
         fn = default_compute_score
     else:
-        name = getattr(custom_cfg, "name", None) or "compute_score"
+        name = custom_cfg.name
         path = os.path.expanduser(str(path))
         if not os.path.isfile(path):
             raise ValueError(f"custom_reward_function.path={path!r} is not a file; give a .py file defining "
