@@ -125,3 +125,39 @@ def test_actor_hf_export_follows_save_contents(monkeypatch, contents, exports):
     worker.cfg, worker.actor, worker.tokenizer = load_config(overrides), object(), None
     worker.save_checkpoint("/nonexistent")
     assert ("hf_model" in seen["contents"]) is exports and "hf_export" not in seen
+
+
+# ---- fsdp_config.forward_prefetch (FSDP2) and offload_policy (FSDP2 only) ------------------------------------
+def _prefetch_worker(rank, world, port):
+    from test_batch_shaping import _actor, make_batch
+
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        batch = make_batch(rows=4)
+        plain = _actor("fsdp2", [])
+        prefetch = _actor("fsdp2", ["actor_rollout_ref.actor.fsdp_config.forward_prefetch=True"])
+        layers = [m for m in prefetch.module.modules() if type(m).__name__ == "Qwen2DecoderLayer"]
+        assert [m._get_fsdp_state()._states_to_forward_prefetch for m in layers[:-1]] == \
+            [[nxt._get_fsdp_state()] for nxt in layers[1:]]
+        assert torch.equal(plain.compute_log_prob(batch, 2)["log_probs"], prefetch.compute_log_prob(batch, 2)["log_probs"])
+        assert plain.update_policy(batch)["actor/pg_loss"] == prefetch.update_policy(batch)["actor/pg_loss"]
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_fsdp2_forward_prefetch_is_applied_and_changes_no_number():
+    from test_batch_shaping import _free_port
+
+    torch.multiprocessing.spawn(_prefetch_worker, args=(1, _free_port()), nprocs=1, join=True)
+
+
+def test_offload_policy_is_fsdp2_only():
+    msg = err("actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.fsdp_config.offload_policy=True")
+    assert "actor_rollout_ref.actor.fsdp_config.offload_policy=True is FSDP2's CPUOffloadPolicy" in msg
+    load_config(["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.fsdp_config.offload_policy=True"])
+    from rlx.config.schema import FSDPConfig
+    from rlx.workers.engine.fsdp import apply_fsdp
+
+    with pytest.raises(ValueError, match="offload_policy=True is FSDP2's"):  # engines built without the validator
+        apply_fsdp(torch.nn.Linear(2, 2), "fsdp", FSDPConfig(offload_policy=True), torch.device("cpu"))

@@ -77,7 +77,13 @@ def apply_gradient_checkpointing(model: nn.Module) -> None:
 
 
 def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: torch.device) -> nn.Module:
-    """Shard each decoder layer and the root with FSDP1 (`fsdp`) or FSDP2 (`fsdp2`)."""
+    """Shard each decoder layer and the root with FSDP1 (`fsdp`) or FSDP2 (`fsdp2`).
+
+    `forward_prefetch`: FSDP1's own flag; with FSDP2 each decoder layer prefetches the next one's all-gather.
+    `offload_policy` is FSDP2's CPUOffloadPolicy only (FSDP1 offloads with `param_offload`)."""
+    if strategy == "fsdp" and fsdp_cfg.offload_policy:
+        raise ValueError("fsdp_config.offload_policy=True is FSDP2's CPUOffloadPolicy; with strategy=fsdp use "
+                         "fsdp_config.param_offload=True, or strategy=fsdp2")
     mp = fsdp_cfg.mixed_precision
     param_dtype = DTYPES[mp.get("param_dtype", "fp32")]
     reduce_dtype = DTYPES[mp.get("reduce_dtype", "fp32")]
@@ -91,13 +97,16 @@ def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: to
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
         elif device.type == "cuda":
             model.to(device)
-        for m in list(model.modules()):
-            if isinstance(m, layer_classes):
-                fully_shard(m, **kwargs)
+        layers = [m for m in model.modules() if isinstance(m, layer_classes)]
+        for m in layers:
+            fully_shard(m, **kwargs)
         fully_shard(model, **kwargs)
+        if fsdp_cfg.forward_prefetch:
+            for layer, following in zip(layers, layers[1:]):
+                layer.set_modules_to_forward_prefetch([following])
         return model
     if strategy == "fsdp":
-        from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel as FSDP, MixedPrecision
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
         from torch.distributed.fsdp import ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -108,7 +117,6 @@ def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: to
                                            buffer_dtype=DTYPES[mp.get("buffer_dtype", "fp32")]),
             sharding_strategy=(ShardingStrategy.FULL_SHARD if fsdp_cfg.reshard_after_forward
                                else ShardingStrategy.SHARD_GRAD_OP),
-            cpu_offload=CPUOffload(offload_params=fsdp_cfg.offload_policy),
             device_id=device,
             forward_prefetch=fsdp_cfg.forward_prefetch,
             use_orig_params=True,
