@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from rlx.config.schema import DataConfig
 from rlx.data import synthetic
 from rlx.protocol import Batch
 
@@ -78,7 +79,7 @@ class RLDataset:
 
     `cfg` is the `data` section (`rlx.config.schema.DataConfig`)."""
 
-    def __init__(self, files, tokenizer, cfg):
+    def __init__(self, files, tokenizer, cfg: DataConfig):
         self.files = _as_list(files)
         if not self.files:
             raise ValueError("no data files given; set data.train_files / data.val_files "

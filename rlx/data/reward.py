@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from rlx.config.schema import CustomRewardFunctionConfig
+from rlx.config.schema import CustomRewardFunctionConfig, RLXConfig
 from rlx.data import synthetic
 from rlx.data.rewards import gsm8k
 from rlx.protocol import Batch
@@ -199,7 +199,7 @@ class RewardManager:
         return scores.to(responses.device), extra_out
 
 
-def build_reward_manager(cfg, tokenizer, compute_score: Callable) -> RewardManager:
+def build_reward_manager(cfg: RLXConfig, tokenizer, compute_score: Callable) -> RewardManager:
     """The manager `reward_model.reward_manager` names, configured from the typed config."""
     rm = cfg.reward_model
     kwargs = rm.reward_kwargs or {}
