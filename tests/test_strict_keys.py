@@ -161,3 +161,110 @@ def test_offload_policy_is_fsdp2_only():
 
     with pytest.raises(ValueError, match="offload_policy=True is FSDP2's"):  # engines built without the validator
         apply_fsdp(torch.nn.Linear(2, 2), "fsdp", FSDPConfig(offload_policy=True), torch.device("cpu"))
+
+
+# ---- validation: statistics over each prompt's n samples, trainer.log_val_generations -------------------------
+class _Tracker:
+    def __init__(self):
+        self.generations = []
+
+    def log_generations(self, samples, step):
+        self.generations.append((step, samples))
+
+
+def _validating_trainer(overrides, scores):
+    """A trainer whose validation set is 2 prompts, each answered with n responses scored `scores[prompt][j]`."""
+    import numpy as np
+
+    from rlx.models import build_byte_tokenizer
+    from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+    t = RayPPOTrainer.__new__(RayPPOTrainer)
+    t.cfg = load_config(overrides)
+    n = t.cfg.actor_rollout_ref.rollout.val_kwargs.n
+    t.tokenizer, t.tracker, t.val_history, t.global_step = build_byte_tokenizer(), _Tracker(), [], 3
+    t.val_loader = [None]
+    flat = [s for row in scores for s in row]
+    responses = torch.tensor([[65 + i, 66] for i in range(len(flat))])
+    t.generate = lambda prompts, validate: Batch(
+        {"responses": responses, "response_mask": torch.ones_like(responses)},
+        {"data_source": ["src"] * len(flat), "uid": np.repeat(["a", "b"], n),
+         "raw_prompt": np.repeat(["prompt a", "prompt b"], n)})
+
+    def score(batch):
+        out = torch.zeros(len(flat), 2)
+        out[:, -1] = torch.tensor(flat)
+        return out, {}
+
+    t.score = score
+    return t
+
+
+def test_val_metrics_at_n_are_per_prompt_statistics():
+    t = _validating_trainer(["actor_rollout_ref.rollout.val_kwargs.n=3", "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+                             "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"], [[0.0, 1.0, 0.5], [1.0, 1.0, 1.0]])
+    out = t.validate()
+    assert out["val/src/reward/mean"] == pytest.approx(0.75)
+    assert out["val/src/reward/best@3"] == pytest.approx(1.0)  # max of each prompt's 3, averaged
+    assert out["val/src/reward/worst@3"] == pytest.approx(0.5)
+    assert out["val/src/reward/std@3"] == pytest.approx((float(torch.tensor([0.0, 1.0, 0.5]).std(unbiased=False))) / 2)
+    assert "val/src/reward/mean@3" not in out  # it would equal mean
+    assert t.tracker.generations == []  # trainer.log_val_generations=0
+
+
+def test_log_val_generations_picks_that_many_samples():
+    t = _validating_trainer(["trainer.log_val_generations=2"], [[0.25], [1.0]])
+    t.validate()
+    [(step, samples)] = t.tracker.generations
+    assert step == 3 and len(samples) == 2
+    decode = t.tokenizer.decode
+    assert sorted(samples) == [("prompt a", decode([65, 66]), 0.25), ("prompt b", decode([66, 66]), 1.0)]
+
+
+def test_select_generations_is_verls_choice():
+    from rlx.trainer.ppo_trainer import select_generations
+
+    samples = [(f"p{i}", f"r{i}", float(i)) for i in range(10)]
+    first = select_generations(samples, 3)
+    assert len(first) == 3 and first == select_generations(list(reversed(samples)), 3)  # order-independent
+    assert select_generations(samples, 20) != samples and sorted(select_generations(samples, 20)) == samples
+
+
+def test_tracker_prints_generations(tmp_path, capsys):
+    from rlx.trainer.tracking import Tracker
+
+    cfg = load_config(["trainer.logger=[console,file]"])
+    tracker = Tracker(cfg, str(tmp_path))
+    tracker.log_generations([("1 2 ->", "2", 1.0), ("3 ->", "x", 0.0)], step=5)
+    out = capsys.readouterr().out
+    assert "validation generations at step 5 (2)" in out and "[1] [response] 'x'" in out
+    import json
+
+    [line] = (tmp_path / "val_generations.jsonl").read_text().splitlines()
+    assert json.loads(line)["samples"][0] == {"input": "1 2 ->", "output": "2", "score": 1.0}
+    tracker.close()
+
+
+# ---- trainer.balance_batch ------------------------------------------------------------------------------------
+def test_balance_batch_gives_each_rank_equal_rows_and_balanced_tokens():
+    from rlx.trainer.ppo_trainer import RayPPOTrainer
+    from rlx.workers.engine.packing import equal_size_partition
+
+    lengths = [9, 1, 8, 2, 7, 3, 6, 4]
+    groups = equal_size_partition(lengths, 2)
+    assert sorted(len(g) for g in groups) == [4, 4] and sorted(i for g in groups for i in g) == list(range(8))
+    assert [sum(lengths[i] for i in g) for g in groups] == [20, 20]
+
+    t = RayPPOTrainer.__new__(RayPPOTrainer)
+    t.world_size = 2
+    mask = torch.tensor([[1] * n + [0] * (9 - n) for n in [9, 8, 7, 6, 1, 2, 3, 4]])
+    batch = Batch({"attention_mask": mask}, {"uid": list("abcdefgh")})
+    for on in (True, False):
+        t.cfg, metrics = load_config([f"trainer.balance_batch={on}"]), {}
+        out = t.balance_batch(batch, metrics)
+        if not on:
+            assert out is batch and metrics == {}
+            continue
+        halves = [out["attention_mask"][:4].sum().item(), out["attention_mask"][4:].sum().item()]
+        assert halves == [20, 20] and sorted(out["uid"]) == list("abcdefgh")  # rows move with their fields
+        assert metrics["global_seqlen/minmax_diff"] == 30 - 10 and metrics["global_seqlen/balanced_max"] == 20

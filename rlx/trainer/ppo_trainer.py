@@ -78,6 +78,14 @@ class SkippedStepGuard:
                 f"(0: never stop).")
 
 
+def select_generations(samples: list[tuple[str, str, float]], count: int) -> list[tuple[str, str, float]]:
+    """verl's choice of the validation generations to log: sorted by prompt, shuffled with seed 42, the first
+    `count` (the same prompts at every validation)."""
+    samples = sorted(samples, key=lambda s: s[0])
+    np.random.RandomState(42).shuffle(samples)
+    return samples[:count]
+
+
 class RayPPOTrainer:
     def __init__(self, cfg: RLXConfig, rollout_name: str, inputs: DriverInputs | None = None):
         """`inputs`: what `preflight(cfg)` built (tokenizer, datasets, reward function, the verified resume dir);
@@ -170,6 +178,7 @@ class RayPPOTrainer:
         with timed("step", timing):
             with timed("gen", timing):
                 batch = self.generate(prompts, validate=False)
+            batch = self.balance_batch(batch, metrics)
             with timed("reward", timing):
                 self.compute_reward(batch, metrics)
             with timed("old_log_prob", timing):
@@ -218,6 +227,24 @@ class RayPPOTrainer:
                                   "uid": np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)})
         return out.union(info.repeat_interleave(sampling["n"]))
 
+    def balance_batch(self, batch: Batch, metrics: dict) -> Batch:
+        """`trainer.balance_batch` (verl's): reorder rows so that each data-parallel rank's equal share holds about
+        the same number of tokens; logs global_seqlen/* (before: min/max/minmax_diff over ranks; balanced_*)."""
+        if not self.cfg.trainer.balance_batch:
+            return batch
+        from rlx.workers.engine.packing import equal_size_partition, seq_lens
+
+        lengths = seq_lens(batch).tolist()
+        groups = equal_size_partition(lengths, self.world_size)
+        step = len(lengths) // self.world_size
+        before = [sum(lengths[r * step:(r + 1) * step]) for r in range(self.world_size)]
+        after = [sum(lengths[i] for i in g) for g in groups]
+        metrics.update({"global_seqlen/min": min(before), "global_seqlen/max": max(before),
+                        "global_seqlen/minmax_diff": max(before) - min(before),
+                        "global_seqlen/balanced_min": min(after), "global_seqlen/balanced_max": max(after),
+                        "global_seqlen/mean": sum(lengths) / self.world_size})
+        return batch.index([i for g in groups for i in g])
+
     def compute_reward(self, batch: Batch, metrics: dict) -> None:
         from rlx.data.reward import mean_extras
 
@@ -252,22 +279,42 @@ class RayPPOTrainer:
         batch.tensors["advantages"], batch.tensors["returns"] = adv, ret
 
     def validate(self) -> dict:
-        """Greedy (by default) generation over the validation set: val/<data_source>/reward/mean (+ mean@n)."""
-        per_source: dict[str, list[float]] = {}
+        """Greedy (by default) generation over the validation set: val/<data_source>/reward/mean and, with
+        `val_kwargs.n` > 1, statistics of each prompt's n samples averaged over prompts: best@n (the best of the n),
+        worst@n, std@n. (verl's mean@n, the mean of each prompt's samples averaged over prompts, is the mean.)
+        `trainer.log_val_generations` samples (prompt, response, score) go to the loggers."""
+        per_source: dict[str, dict[str, list[float]]] = {}  # data_source -> prompt uid -> its samples' scores
+        samples: list[tuple[str, str, float]] = []
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
         start = time.perf_counter()
         for prompts in self.val_loader:
             batch = self.generate(prompts, validate=True)
             scores, _ = self.score(batch)
-            for src, s in zip(batch["data_source"], scores.sum(-1).tolist()):
-                per_source.setdefault(str(src), []).append(s)
+            totals = scores.sum(-1).tolist()
+            for src, uid, s in zip(batch["data_source"], batch["uid"], totals):
+                per_source.setdefault(str(src), {}).setdefault(uid, []).append(s)
+            if self.cfg.trainer.log_val_generations:
+                samples += self._decoded_samples(batch, totals)
         out = {}
-        for src, vals in per_source.items():
-            out[f"val/{src}/reward/mean"] = float(np.mean(vals))
+        for src, groups in per_source.items():
+            out[f"val/{src}/reward/mean"] = float(np.mean([s for g in groups.values() for s in g]))
             if n > 1:
-                out[f"val/{src}/reward/mean@{n}"] = float(np.mean(vals))
+                out[f"val/{src}/reward/best@{n}"] = float(np.mean([max(g) for g in groups.values()]))
+                out[f"val/{src}/reward/worst@{n}"] = float(np.mean([min(g) for g in groups.values()]))
+                out[f"val/{src}/reward/std@{n}"] = float(np.mean([np.std(g) for g in groups.values()]))
         out["timing_s/testing"] = time.perf_counter() - start
+        if self.cfg.trainer.log_val_generations:
+            self.tracker.log_generations(select_generations(samples, self.cfg.trainer.log_val_generations),
+                                         step=self.global_step)
         self.val_history.append(out)
+        return out
+
+    def _decoded_samples(self, batch: Batch, scores: list[float]) -> list[tuple[str, str, float]]:
+        """(prompt text, response text, score) of each row, decoded as the reward manager does."""
+        out = []
+        for prompt, resp, mask, score in zip(batch["raw_prompt"], batch["responses"], batch["response_mask"], scores):
+            out.append((str(prompt), self.tokenizer.decode(resp[mask.bool()].tolist(), skip_special_tokens=True),
+                        float(score)))
         return out
 
     # ---- checkpoints ----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ class Tracker:
         t = cfg.trainer
         self.loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
         self.tb = self.wandb = self.file = None
+        self.log_dir = log_dir
         if "file" in self.loggers:
             os.makedirs(log_dir, exist_ok=True)
             self.file = open(os.path.join(log_dir, "metrics.jsonl"), "a")
@@ -49,6 +50,31 @@ class Tracker:
             self.tb.flush()
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
+
+    def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        """Validation samples (prompt, response, score) (`trainer.log_val_generations`): printed by console, one
+        JSON line in <log_dir>/val_generations.jsonl for file, a text entry for tensorboard, a table for wandb."""
+        if not samples:
+            return
+        if "console" in self.loggers:
+            lines = [f"validation generations at step {step} ({len(samples)}):"]
+            for i, (prompt, response, score) in enumerate(samples):
+                lines += [f"[{i}] [prompt] {prompt!r}", f"[{i}] [response] {response!r}", f"[{i}] [score] {score:.4g}"]
+            print("\n".join(lines), file=sys.stdout, flush=True)
+        records = [{"input": p, "output": r, "score": s} for p, r, s in samples]
+        if self.file is not None:
+            with open(os.path.join(self.log_dir, "val_generations.jsonl"), "a") as f:
+                f.write(json.dumps({"step": step, "samples": records}) + "\n")
+        if self.tb is not None:
+            text = "\n\n".join(f"**prompt** {p}\n\n**response** {r}\n\n**score** {s}" for p, r, s in samples)
+            self.tb.add_text("val/generations", text, step)
+            self.tb.flush()
+        if self.wandb is not None:
+            import wandb
+
+            table = wandb.Table(columns=["step", "input", "output", "score"],
+                                data=[[step, p, r, s] for p, r, s in samples])
+            self.wandb.log({"val/generations": table}, step=step)
 
     def close(self) -> None:
         if self.file is not None:

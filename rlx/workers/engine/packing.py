@@ -45,6 +45,19 @@ def balanced_partition(lengths: list[int], max_tokens: int, groups: Optional[int
         k += 1
 
 
+def equal_size_partition(lengths: list[int], groups: int) -> list[list[int]]:
+    """Row indices split into `groups` groups of equal row count (`len(lengths)` must divide), balanced by tokens:
+    longest row first, each to the lightest group that still has room. Each group keeps its rows in order."""
+    size, rest = divmod(len(lengths), groups)
+    assert rest == 0, f"{len(lengths)} rows do not split into {groups} equal groups"
+    loads, out = [0] * groups, [[] for _ in range(groups)]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        g = min((g for g in range(groups) if len(out[g]) < size), key=lambda g: loads[g])
+        out[g].append(i)
+        loads[g] += lengths[i]
+    return [sorted(g) for g in out]
+
+
 def micro_batches(batch: Batch, size: Optional[int] = None, max_tokens: Optional[int] = None,
                   agree=None) -> tuple[list[Batch], Optional[torch.Tensor]]:
     """Split `batch` into micro-batches of `size` rows (the last may be smaller) or, with `max_tokens`, by a
