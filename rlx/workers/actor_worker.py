@@ -1,12 +1,15 @@
-"""The actor worker: policy training (FSDP), rollout (vLLM or HF) and the reference policy in one process."""
+"""The actor worker: policy training (FSDP), rollout (vLLM or HF) and the reference policy in one process; and
+`ActorGroup`, the driver's typed handle on all its ranks."""
 from __future__ import annotations
 
 import logging
 
 import torch
 
+from rlx.config.schema import RLXConfig
 from rlx.protocol import Batch
 from rlx.workers.base_worker import Worker
+from rlx.workers.group import ResourcePool, WorkerGroup
 
 log = logging.getLogger("rlx")
 
@@ -104,3 +107,38 @@ class ActorRolloutRefWorker(Worker):
 
         with self.actor.phase():
             return float(sum(t.double().pow(2).sum() for _, t in iter_full_params(self.actor.module)))
+
+
+class ActorGroup(WorkerGroup):
+    """The actor/rollout/ref ranks, as the driver calls them (each call runs on every rank)."""
+
+    def __init__(self, pool: ResourcePool, cfg: RLXConfig):
+        super().__init__(ActorRolloutRefWorker, pool, cfg)
+
+    def init_model(self, total_steps: int, rollout_name: str) -> None:
+        self.run_all(ActorRolloutRefWorker.init_model, total_steps, rollout_name)
+
+    def generate(self, prompts: Batch, tp: int = 1) -> Batch:
+        """Responses to `prompts` (split over the rollout's data-parallel groups of `tp` ranks)."""
+        return self.run_dp(ActorRolloutRefWorker.generate_sequences, prompts, replicas=tp)
+
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """`old_log_probs` of the responses under the current policy."""
+        return self.run_dp(ActorRolloutRefWorker.compute_log_prob, batch)
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """`ref_log_prob` of the responses under the reference policy."""
+        return self.run_dp(ActorRolloutRefWorker.compute_ref_log_prob, batch)
+
+    def update(self, batch: Batch) -> dict:
+        """One PPO update of the policy on `batch`; the `actor/*` metrics (memory figures: max over ranks)."""
+        return self.run_dp_metrics(ActorRolloutRefWorker.update_actor, batch)
+
+    def save(self, path: str) -> None:
+        self.run_all(ActorRolloutRefWorker.save_checkpoint, path)
+
+    def load(self, path: str) -> None:
+        self.run_all(ActorRolloutRefWorker.load_checkpoint, path)
+
+    def param_checksum(self) -> float:
+        return self.run_all(ActorRolloutRefWorker.param_checksum)[0]

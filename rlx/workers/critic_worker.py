@@ -1,8 +1,10 @@
-"""The critic worker: the value model (FSDP) for GAE."""
+"""The critic worker: the value model (FSDP) for GAE; and `CriticGroup`, the driver's typed handle on its ranks."""
 from __future__ import annotations
 
+from rlx.config.schema import RLXConfig
 from rlx.protocol import Batch
 from rlx.workers.base_worker import Worker
+from rlx.workers.group import ResourcePool, WorkerGroup
 
 
 class CriticWorker(Worker):
@@ -27,3 +29,27 @@ class CriticWorker(Worker):
         from rlx.checkpoint import load_engine
 
         load_engine(self.critic, path, contents=self.cfg.critic.checkpoint.load_contents)
+
+
+class CriticGroup(WorkerGroup):
+    """The critic ranks, as the driver calls them (each call runs on every rank)."""
+
+    def __init__(self, pool: ResourcePool, cfg: RLXConfig):
+        super().__init__(CriticWorker, pool, cfg)
+
+    def init_model(self, total_steps: int) -> None:
+        self.run_all(CriticWorker.init_model, total_steps)
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """`values` of every response token."""
+        return self.run_dp(CriticWorker.compute_values, batch)
+
+    def update(self, batch: Batch) -> dict:
+        """One value-loss update on `batch`; the `critic/*` metrics (memory figures: max over ranks)."""
+        return self.run_dp_metrics(CriticWorker.update_critic, batch)
+
+    def save(self, path: str) -> None:
+        self.run_all(CriticWorker.save_checkpoint, path)
+
+    def load(self, path: str) -> None:
+        self.run_all(CriticWorker.load_checkpoint, path)

@@ -7,12 +7,17 @@ rank per bundle: rank i of every role is pinned to the same bundle i and asks fo
 actor rank i and critic rank i share GPU i while no two ranks of one role ever share a GPU (NCCL refuses that:
 "Duplicate GPU detected"). Ray sets CUDA_VISIBLE_DEVICES of each worker to its bundle's GPU. Each role's ranks form
 their own torch process group (the rendezvous address is the role's rank 0).
+
+The driver talks to a role through its typed group (`ActorGroup` in rlx.workers.actor_worker, `CriticGroup` in
+rlx.workers.critic_worker): named methods that name the worker method they call, dispatched here by `run_all`
+(every rank, same arguments), `run_dp` (the batch split over ranks) or `run_dp_metrics` (the same, metrics reduced).
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
+from typing import Callable, Union
 
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
@@ -21,6 +26,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlx.protocol import Batch
 
 log = logging.getLogger("rlx")
+
+Method = Union[str, Callable]
+"""A worker method: the function itself (`ActorRolloutRefWorker.compute_log_prob`), or its name."""
 
 # Environment every worker process needs (also set by the runtime-env file for cluster jobs).
 WORKER_ENV = {
@@ -128,11 +136,11 @@ class WorkerGroup:
                  ", ".join(f"{r}->({b}, {n[:8]})" for r, (b, n) in enumerate(zip(pool.bundle_of_rank,
                                                                                pool.node_of_rank))))
 
-    def run_all(self, method: str, *args, **kwargs) -> list:
+    def run_all(self, method: Method, *args, **kwargs) -> list:
         """Call `method` on every rank with the same arguments; returns the per-rank results."""
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+        return ray.get([getattr(w, _name(method)).remote(*args, **kwargs) for w in self.workers])
 
-    def run_dp(self, method: str, batch: Batch, replicas: int = 1, **kwargs) -> Batch:
+    def run_dp(self, method: Method, batch: Batch, replicas: int = 1, **kwargs) -> Batch:
         """Split `batch` across ranks (padding with repeated rows if needed), call, concatenate.
 
         `replicas` > 1 gives each run of that many consecutive ranks the same chunk (a vLLM tensor-parallel
@@ -145,16 +153,17 @@ class WorkerGroup:
         if pad:
             batch = Batch.concat([batch, batch.index(list(range(pad)))])
         chunks = batch.chunk(dp)
-        refs = [getattr(w, method).remote(chunks[rank // replicas], **kwargs) for rank, w in enumerate(self.workers)]
+        refs = [getattr(w, _name(method)).remote(chunks[rank // replicas], **kwargs)
+                for rank, w in enumerate(self.workers)]
         outs = ray.get(refs)[::replicas]
         out = Batch.concat(outs)
         return out.slice(0, size) if pad else out
 
-    def run_dp_metrics(self, method: str, batch: Batch, **kwargs) -> dict:
+    def run_dp_metrics(self, method: Method, batch: Batch, **kwargs) -> dict:
         """Split `batch` across ranks; return the rank-mean of the returned metric dicts, except memory figures
         (`perf/*memory*`, `perf/*offload_pool*`), which are the max over ranks: the rank that runs out first."""
         chunks = batch.chunk(self.world_size)
-        outs = ray.get([getattr(w, method).remote(c, **kwargs) for w, c in zip(self.workers, chunks)])
+        outs = ray.get([getattr(w, _name(method)).remote(c, **kwargs) for w, c in zip(self.workers, chunks)])
         return {k: (max(o[k] for o in outs) if _is_peak(k) else sum(o[k] for o in outs) / len(outs))
                 for k in outs[0]}
 
@@ -164,6 +173,10 @@ class WorkerGroup:
             ray.kill(w)
         self.workers = []
         self.pool.detach(self)
+
+
+def _name(method: Method) -> str:
+    return method if isinstance(method, str) else method.__name__
 
 
 def _is_peak(metric: str) -> bool:
