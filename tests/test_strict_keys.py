@@ -2,6 +2,9 @@
 tests/test_config_keys.py)."""
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 
@@ -268,3 +271,33 @@ def test_balance_batch_gives_each_rank_equal_rows_and_balanced_tokens():
         halves = [out["attention_mask"][:4].sum().item(), out["attention_mask"][4:].sum().item()]
         assert halves == [20, 20] and sorted(out["uid"]) == list("abcdefgh")  # rows move with their fields
         assert metrics["global_seqlen/minmax_diff"] == 30 - 10 and metrics["global_seqlen/balanced_max"] == 20
+
+
+# ---- model.custom_chat_template, critic.model.tokenizer_path (checked before Ray) ------------------------------
+def test_custom_chat_template_formats_the_prompts():
+    from rlx.trainer.preflight import preflight
+
+    template = "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"
+    inputs = preflight(load_config([f"actor_rollout_ref.model.custom_chat_template='{template}'",
+                                    "data.max_prompt_length=24"]))
+    assert inputs.tokenizer.chat_template == template
+    assert all(inputs.train_dataset[i]["raw_prompt"].startswith("<<") for i in range(4))
+    assert not preflight(load_config([])).train_dataset[0]["raw_prompt"].startswith("<<")
+
+
+def test_critic_tokenizer_must_share_the_vocabulary(tmp_path, tiny_model_path):
+    from rlx.models import build_byte_tokenizer
+    from rlx.trainer.preflight import PreflightError, preflight
+
+    same, other = tmp_path / "same", tmp_path / "other"
+    build_byte_tokenizer().save_pretrained(same)
+    extended = build_byte_tokenizer()
+    extended.add_tokens(["<extra_token>"])
+    extended.save_pretrained(other)
+    for d in (same, other):  # a tokenizer directory as HF writes one for a model (with its config)
+        shutil.copy(os.path.join(tiny_model_path, "config.json"), d / "config.json")
+    gae = ["algorithm.adv_estimator=gae"]
+    preflight(load_config(gae + [f"critic.model.tokenizer_path={same}"]))
+    with pytest.raises(PreflightError) as e:
+        preflight(load_config(gae + [f"critic.model.tokenizer_path={other}"]))
+    assert f"critic.model.tokenizer_path='{other}' has a different vocabulary" in str(e.value)

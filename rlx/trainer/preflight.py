@@ -64,7 +64,12 @@ def preflight(cfg: RLXConfig) -> DriverInputs:
     tok_dir = model_dir if tok_path == cfg.actor_rollout_ref.model.path else _check_model(tok_key, tok_path, problems,
                                                                                           weights=False)
     if tok_dir is not None:
-        tokenizer = _load_tokenizer(tok_key, tok_dir, cfg.actor_rollout_ref.model.trust_remote_code, problems)
+        tokenizer = _load_tokenizer(tok_key, tok_dir, cfg.data.trust_remote_code
+                                    or cfg.actor_rollout_ref.model.trust_remote_code, problems)
+    if tokenizer is not None and cfg.actor_rollout_ref.model.custom_chat_template:
+        tokenizer.chat_template = cfg.actor_rollout_ref.model.custom_chat_template  # the dataset formats with it
+    if tokenizer is not None and cfg.algorithm.adv_estimator == "gae":
+        _check_critic_tokenizer(cfg, tok_dir, tokenizer, problems)
     if model_dir is not None:
         _check_context(cfg, model_dir, problems)
     train = val = None
@@ -138,6 +143,23 @@ def _load_tokenizer(key: str, directory: str, trust_remote_code: bool, problems:
         problems.append(f"{key}: the tokenizer in {directory!r} does not load ({type(e).__name__}: "
                         f"{_first_line(e)}). Fix: point {key} at a directory with a working tokenizer.")
         return None
+
+
+def _check_critic_tokenizer(cfg: RLXConfig, tok_dir: str, tokenizer, problems: list[str]) -> None:
+    """The critic reads the token ids of the driver's tokenizer: `critic.model.tokenizer_path` must name a tokenizer
+    with the same vocabulary (its only use in rlx; verl loads it for the critic)."""
+    key, path = "critic.model.tokenizer_path", cfg.critic.model.tokenizer_path
+    directory = tok_dir if path in (cfg.data.tokenizer, cfg.actor_rollout_ref.model.path) else \
+        _check_model(key, path, problems, weights=False)
+    if directory is None or os.path.abspath(directory) == os.path.abspath(tok_dir):
+        return
+    critic_tok = _load_tokenizer(key, directory, cfg.critic.model.trust_remote_code, problems)
+    if critic_tok is not None and critic_tok.get_vocab() != tokenizer.get_vocab():
+        theirs, ours = critic_tok.get_vocab(), tokenizer.get_vocab()
+        differ = sorted(set(theirs.items()) ^ set(ours.items()), key=lambda kv: kv[1])[:3]
+        problems.append(f"{key}={path!r} has a different vocabulary from the tokenizer that encodes the data "
+                        f"({len(theirs)} vs {len(ours)} tokens; e.g. {differ}): the critic reads the actor's token "
+                        f"ids. Fix: leave {key} at its default (the actor's model) or point it at the same tokenizer.")
 
 
 def _check_context(cfg: RLXConfig, model_dir: str, problems: list[str]) -> None:
