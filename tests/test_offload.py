@@ -71,9 +71,88 @@ def batches(step: int, rank: int, lens=(7, 12)):
     return [torch.randint(0, 300, (2, n), generator=g) for n in lens]
 
 
-def train(mode: str, strategy: str, steps: int = 3, lens=(7, 12), num_layers: int = 4, cfg=CFG0):
+# ---------------------------------------------------------------- cases the offload suites of peers test
+class LigerStyleRMSNorm(torch.autograd.Function):
+    """The pattern of Liger's fused RMSNorm (verl's `use_liger`): the input is reshaped inside forward and that
+    view is saved. Made under the Function's no-grad forward, the view is a leaf that requires grad."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):
+        X = x.view(-1, x.shape[-1])
+        rstd = torch.rsqrt(X.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(X, w, rstd)
+        return (X * rstd * w).view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        X, w, rstd = ctx.saved_tensors
+        dY = dy.reshape(X.shape)
+        n = X * rstd
+        dn = dY * w
+        dX = rstd * (dn - n * (dn * n).mean(-1, keepdim=True))
+        return dX.view(dy.shape), (dY * n).sum(0), None
+
+
+def use_liger_style_norm(model):
+    """Each layer's post-attention norm becomes `LigerStyleRMSNorm`; returns the list that collects a weak
+    reference to the storage of each norm input (the residual sum: nothing but the norm's saved view holds it)
+    of the forwards with grad."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    inputs = []
+    for layer in model.model.layers:
+        norm = layer.post_attention_layernorm
+
+        def forward(x, norm=norm):
+            if torch.is_grad_enabled():
+                inputs.append(StorageWeakRef(x.untyped_storage()))
+            return LigerStyleRMSNorm.apply(x, norm.weight, norm.variance_epsilon)
+        norm.forward = forward
+    return inputs
+
+
+def lm_loss(model, ids):
+    logits = model(input_ids=ids).logits
+    return F.cross_entropy(logits[:, :-1].reshape(-1, 300), ids[:, 1:].reshape(-1))
+
+
+def prepare_case(model, case: str):
+    """(loss_fn(model, ids), check(offloader) run between forward and backward) for one of the cases:
+    plain: next-token loss. hidden: a layer's output is used outside the next layer too (every hidden state in
+    the loss, and a value head on layer 1's output, as in an auxiliary/value head). liger: a custom Function that
+    saves a view made in its forward; after forward, the norm inputs of the offloaded layers must be freed."""
+    if case == "plain":
+        return lm_loss, None
+    if case == "hidden":
+        torch.manual_seed(7)
+        head = nn.Linear(model.config.hidden_size, 1)
+        model.value_head = head  # a submodule: FSDP-wrapped and optimized with the model
+        values = []
+        model.model.layers[1].register_forward_hook(
+            lambda mod, args, out: values.append(head(out[0] if isinstance(out, tuple) else out)))
+
+        def loss_fn(m, ids):
+            values.clear()
+            out = m(input_ids=ids, output_hidden_states=True)
+            ce = F.cross_entropy(out.logits[:, :-1].reshape(-1, 300), ids[:, 1:].reshape(-1))
+            return ce + 0.1 * sum(h.square().mean() for h in out.hidden_states) + values[0].square().mean()
+        return loss_fn, None
+    assert case == "liger"
+    inputs = use_liger_style_norm(model)
+
+    def check(off):
+        n = len(off.layers)
+        offloaded = n if off.checkpointing else n - off.keep_last_layers  # checkpointing saves layer inputs only
+        expired = [w.expired() for w in inputs[-n:]]
+        assert expired == [True] * offloaded + [False] * (n - offloaded), expired
+        inputs.clear()
+    return lm_loss, check
+
+
+def train(mode: str, strategy: str, steps: int = 3, lens=(7, 12), num_layers: int = 4, cfg=CFG0,
+          case: str = "plain"):
     """Run `steps` AdamW steps of grad accumulation over micro-batches; return (losses, grads per step, params)."""
     model = tiny_qwen2(num_layers)
+    loss_fn, check = prepare_case(model, case)
     if mode == "hf_ckpt":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -89,8 +168,9 @@ def train(mode: str, strategy: str, steps: int = 3, lens=(7, 12), num_layers: in
         for ids in mbs:
             ctx = off.activate() if off is not None else torch.enable_grad()
             with ctx:
-                logits = model(input_ids=ids).logits
-                loss = F.cross_entropy(logits[:, :-1].reshape(-1, 300), ids[:, 1:].reshape(-1)) / len(mbs)
+                loss = loss_fn(model, ids) / len(mbs)
+                if check is not None and off is not None:
+                    check(off)
                 loss.backward()
             losses.append(loss.item())
             if off is not None:
@@ -167,6 +247,39 @@ def test_fsdp_gradients_bitwise(strategy):
     torch.multiprocessing.spawn(_fsdp_worker, args=(2, _free_port(), strategy), nprocs=2, join=True)
 
 
+BOUND_1MIB = ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False, max_pool_bytes=1 << 20)
+
+
+def _fsdp_cases_worker(rank: int, world: int, port: int, strategy: str):
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world)
+    try:
+        for case in ("hidden", "liger"):
+            ref = train("none", strategy, case=case)
+            for mode in ("offload", "offload_ckpt"):
+                for cfg in (CFG0, DEFAULTS):
+                    got = train(mode, strategy, cfg=cfg, case=case)
+                    assert_same(ref, got, f"{strategy} {case} {mode} keep_last={cfg.keep_last_layers} vs none")
+                    assert got[3][-1]["offloaded_bytes_last_step"] > 0
+        lens = (64, 96)  # several MiB of activations per micro-batch
+        ref = train("none", strategy, lens=lens)
+        got = train("offload", strategy, lens=lens, cfg=BOUND_1MIB)
+        assert_same(ref, got, f"{strategy} max_pool_bytes=1 MiB vs none")
+        st = got[3][-1]
+        assert st["offloaded_bytes_last_step"] > 0 and st["kept_bytes_last_step"] > 0, st
+        assert 0 < st["pool_bytes"] <= 1 << 20, st
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("strategy", ["fsdp1", "fsdp2"])
+def test_fsdp_peer_cases_bitwise(strategy):
+    """Under FSDP1/FSDP2: hidden states used outside the next layer, a Liger-style custom Function, a 1 MiB pool
+    bound: losses and every gradient equal to the run without offload, over several AdamW steps."""
+    torch.multiprocessing.spawn(_fsdp_cases_worker, args=(2, _free_port(), strategy), nprocs=2, join=True)
+
+
 # ---------------------------------------------------------------- single process, no FSDP
 def test_layers_found_and_few_layers_rejected():
     assert len(find_decoder_layers(tiny_qwen2(4))) == 4
@@ -239,6 +352,51 @@ def test_skipped_layer_is_correct(ckpt):
         model.model._skipped = layers[1]
     _assert_steps_equal(ref, m, off, pick=lambda step: 1)
     assert off.stats()["n_groups"] == 3
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+@pytest.mark.parametrize("cfg", [CFG0, DEFAULTS], ids=["keep1_nohead", "defaults"])
+def test_layer_output_used_outside_the_next_layer_bitwise(ckpt, cfg):
+    """Hidden states in the loss and a value head on an intermediate layer: the layer boundary is marked by
+    hooks, not by a node on the tensor the other consumers share, so autograd sums its gradient in the same
+    order as without offload (an identity node there made gradients differ by ~1e-8)."""
+    ref = train("none", "none", case="hidden")
+    got = train("offload_ckpt" if ckpt else "offload", "none", cfg=cfg, case="hidden")
+    assert_same(ref, got, "hidden states in the loss")
+    assert got[3][-1]["offloaded_bytes_last_step"] > 0
+
+
+@pytest.mark.parametrize("cfg", [CFG0, DEFAULTS], ids=["keep1_nohead", "defaults"])
+def test_custom_function_saving_its_own_view_is_offloaded_and_freed(cfg):
+    """A custom autograd Function that saves `x.view(-1, d)` made in its forward (Liger's fused RMSNorm): that
+    view is a leaf that requires grad, but no parameter; it is offloaded and the device storage is freed
+    after the layer (checked in `prepare_case`), and gradients stay bitwise."""
+    ref = train("none", "none", case="liger")
+    got = train("offload", "none", cfg=cfg, case="liger")
+    assert_same(ref, got, "liger-style norm")
+
+
+def test_pool_bound_below_one_chunk_offloads_what_fits():
+    """max_pool_bytes=1 MiB (below the 256 MiB chunk): the pool holds 1 MiB, fills it, keeps the rest on the
+    device; gradients bitwise."""
+    lens = (64, 96)
+    ref = train("none", "none", lens=lens)
+    got = train("offload", "none", lens=lens, cfg=BOUND_1MIB)
+    assert_same(ref, got, "max_pool_bytes=1 MiB")
+    st = got[3][-1]
+    assert st["offloaded_bytes_last_step"] > 0 and st["kept_bytes_last_step"] > 0, st
+    assert 0 < st["pool_bytes"] <= 1 << 20 and st["pool_peak_used_bytes"] > (1 << 20) * 3 // 4, st
+
+
+def test_pool_bound_does_not_stop_at_the_first_miss():
+    from rlx.offload.pool import HostPool
+    pool = HostPool(chunk_bytes=256 << 20, pin_memory=False, max_bytes=1 << 20)
+    assert pool.allocate(600_000) is not None
+    assert pool.allocate(600_000) is None  # would pass the bound: stays on the device
+    assert pool.allocate(300_000) is not None  # smaller: still fits in what is left
+    assert pool.capacity == 1 << 20 and len(pool.chunks) == 1
+    pool.reset()
+    assert pool.allocate(1 << 20) is not None and pool.allocate(1) is None
 
 
 def test_hf_checkpointing_together_is_a_clear_error():

@@ -131,4 +131,4 @@ def apply_activation_offload(module: nn.Module, cfg: Optional[ActivationOffloadC
     cls = next((c.__name__ for c in type(layers[0]).__mro__ if c.__name__ in names), type(layers[0]).__name__)
     head = _head_modules(module, layers)  # offloaded as groups with offload_head; else only hooked
     return ActivationOffloader(layers, _owners(module, layers), cfg, bool(enable_gradient_checkpointing),
-                               _device_of(module), cls, head, _owners(module, head))
+                               _device_of(module), cls, head, _owners(module, head), root=module)

@@ -106,6 +106,25 @@ def _as(t_u8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t_u8.view(dtype)
 
 
+def _param_ptrs(modules) -> set:
+    """Data pointers of the storages of the modules' parameters and buffers as they are now: the tensors
+    registered there (plain, FSDP1 flat parameters and use_orig_params views, FSDP2 unsharded parameters) and,
+    for DTensors (FSDP2 between forwards), their local shards."""
+    ptrs = set()
+    for m in modules:
+        for t in list(m._parameters.values()) + list(m._buffers.values()):
+            if t is None:
+                continue
+            for x in (t, getattr(t, "_local_tensor", None)):
+                if x is None:
+                    continue
+                try:
+                    ptrs.add(x.untyped_storage().data_ptr())
+                except (RuntimeError, NotImplementedError):
+                    pass
+    return ptrs
+
+
 def _tensors_in(obj) -> List[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]
@@ -116,43 +135,24 @@ def _tensors_in(obj) -> List[torch.Tensor]:
     return []
 
 
-class _Boundary(torch.autograd.Function):
-    """Identity on a layer's tensors; its backward tells the offloader where backward has got to."""
-
-    @staticmethod
-    def forward(ctx, offloader, group, is_output, *tensors):
-        ctx.offloader, ctx.group, ctx.is_output = offloader, group, is_output  # only inputs are marked now
-        ctx.set_materialize_grads(False)
-        return tensors if len(tensors) > 1 else tensors[0]
-
-    @staticmethod
-    def backward(ctx, *grads):
-        if ctx.is_output:
-            ctx.offloader._on_backward_start(ctx.group)
-        else:
-            ctx.offloader._on_backward_end(ctx.group)
-        return (None, None, None) + grads
+def _on_grads_done(tensors, fn) -> None:
+    """Call `fn()` once the gradients of all grad-requiring `tensors` are complete (when backward is about to go
+    past them). Tensor hooks only: no node is inserted, so autograd sums each tensor's gradient contributions
+    in the same order as without offload (an identity node would sum the layer's own contributions first)."""
+    ts = [t for t in tensors if isinstance(t, torch.Tensor) and t.requires_grad]
+    if len(ts) == 1:
+        ts[0].register_hook(lambda grad: fn())
+    elif ts:
+        torch.autograd.graph.register_multi_grad_hook(ts, lambda grads: fn(), mode="all")
 
 
-def _mark(offloader, group, is_output: bool, tree):
-    """Apply `_Boundary` to the grad-requiring tensors found at the top level of `tree` (tensor/tuple/list/dict)."""
-    if isinstance(tree, torch.Tensor):
-        items, rebuild = [tree], lambda xs: xs[0]
-    elif isinstance(tree, (tuple, list)):
-        items, rebuild = list(tree), lambda xs: type(tree)(xs) if isinstance(tree, list) else tuple(xs)
-    elif isinstance(tree, dict):
-        keys = list(tree)
-        items, rebuild = [tree[k] for k in keys], lambda xs: {**tree, **dict(zip(keys, xs))}
+def _on_grad_arrives(t: torch.Tensor, fn) -> None:
+    """Call `fn()` when backward reaches the node that made `t` (after the tensor hooks of `t`, so a layer whose
+    input is `t` is released before the layer that produced `t` is loaded)."""
+    if t.grad_fn is not None:
+        t.grad_fn.register_prehook(lambda grads: fn())
     else:
-        return tree, False
-    idx = [i for i, x in enumerate(items) if isinstance(x, torch.Tensor) and x.requires_grad]
-    if not idx:
-        return tree, False
-    outs = _Boundary.apply(offloader, group, is_output, *[items[i] for i in idx])
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    for i, o in zip(idx, outs):
-        items[i] = o
-    return rebuild(items), True
+        t.register_hook(lambda grad: fn())
 
 
 class ActivationOffloader:
@@ -160,8 +160,11 @@ class ActivationOffloader:
 
     def __init__(self, layers: List[nn.Module], owners: List[List[nn.Module]], cfg: ActivationOffloadConfig,
                  checkpointing: bool, device: torch.device, layer_class: str, head: List[nn.Module] = (),
-                 head_owners: List[List[nn.Module]] = ()):
+                 head_owners: List[List[nn.Module]] = (), root: Optional[nn.Module] = None):
         self.cfg = cfg
+        # every module of the model: its parameters stay on the device wherever they are used
+        self._all_mods = list(root.modules()) if root is not None else []
+        self._model_ptrs: set = set()
         self.layers = list(layers)  # decoder layers
         head = list(head)
         # the output projection (last of `head`): its forward ends the model's part of forward, and the gradient
@@ -233,6 +236,7 @@ class ActivationOffloader:
                     "(model.enable_activation_offload): both need the saved-tensor hooks. Disable HF "
                     "checkpointing and pass enable_gradient_checkpointing=True to apply_activation_offload.")
         self._compute = torch.cuda.current_stream(self.device) if self.cuda else None
+        self._model_ptrs = _param_ptrs(self._all_mods)
         self._active = True
         try:
             yield self
@@ -305,18 +309,15 @@ class ActivationOffloader:
         mlp.forward = forward
 
     def _keep_ptrs(self, idx: int, args, kwargs) -> set:
-        ptrs = set()
-        for m in self._owner_mods[idx]:  # read at call time: FSDP swaps (un)sharded parameters in and out
-            for t in list(m._parameters.values()) + list(m._buffers.values()):
-                if t is None:
-                    continue
-                try:
-                    ptrs.add(t.untyped_storage().data_ptr())
-                except (RuntimeError, NotImplementedError):
-                    pass
+        """Storages that stay on the device in this layer: the parameters and buffers of the modules it may use,
+        read now (FSDP swaps unsharded parameters in and out), and inputs that need no grad (shared by every
+        layer: rotary cos/sin, masks). Parameters are recognised by storage, never by `is_leaf`: a view made
+        inside a custom Function's forward (Liger's `X.view(-1, d)`) is a leaf that requires grad, and an
+        activation."""
+        ptrs = _param_ptrs(self._owner_mods[idx]) | self._model_ptrs
         for t in _tensors_in((args, kwargs)):
             if not t.requires_grad and type(t) is torch.Tensor:
-                ptrs.add(t.untyped_storage().data_ptr())  # shared inputs (rotary cos/sin, masks)
+                ptrs.add(t.untyped_storage().data_ptr())
         return ptrs
 
     def _run_layer(self, idx: int, orig, args, kwargs):
@@ -327,7 +328,8 @@ class ActivationOffloader:
         prev = self._groups[-1] if self._groups else None
         g = _Group(len(self._groups), idx, offload, self._keep_ptrs(idx, args, kwargs), prev)
         self._groups.append(g)
-        args, _ = _mark(self, g, False, args)
+        # backward of this layer is done when the gradients of its inputs are complete
+        _on_grads_done(args, lambda: self._on_backward_end(g))
         was_in = self._in_layer
         self._in_layer = not self._ckpt[idx]
         try:
@@ -342,7 +344,7 @@ class ActivationOffloader:
         # stays the layer's own tensor (not a view: FSDP2 warns about views, in-place ops on them lose hooks)
         for t in _tensors_in(out if isinstance(out, (tuple, list)) else [out])[:8]:
             if t.requires_grad:
-                t.register_hook(lambda grad, g=g: self._on_backward_start(g))
+                _on_grad_arrives(t, lambda: self._on_backward_start(g))
         self._end_forward(g)
         return out
 
@@ -354,7 +356,7 @@ class ActivationOffloader:
         g = self._groups[-1]
         for t in _tensors_in(out)[:1]:
             if t.requires_grad:
-                t.register_hook(lambda grad, g=g: self._on_backward_start(g))
+                _on_grad_arrives(t, lambda: self._on_backward_start(g))
         return None
 
     # ------------------------------------------------------------------ hooks
@@ -362,8 +364,6 @@ class ActivationOffloader:
         if not g.offload or type(t) is not torch.Tensor or t.layout != torch.strided:
             return False
         if t.device != self.device or t.is_quantized or t.is_conj() or t.is_neg():
-            return False
-        if t.requires_grad and t.is_leaf:  # parameters and user leaves
             return False
         st = t.untyped_storage()
         nb = st.nbytes()

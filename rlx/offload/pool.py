@@ -35,25 +35,28 @@ class HostPool:
         return sum(c.numel() for c in self.chunks)
 
     def allocate(self, nbytes: int) -> Optional[torch.Tensor]:
-        """A uint8 host tensor of `nbytes`, or None when `max_bytes` would be exceeded."""
+        """A uint8 host tensor of `nbytes`, or None when it does not fit under `max_bytes`.
+
+        The bound bounds, it never disables: a chunk is cut down to what is left under it (so a bound below
+        `chunk_bytes` still holds that much), and a request that does not fit leaves the bump pointer where it
+        was, so later, smaller requests still use what remains of the current chunk."""
         n = _round_up(max(int(nbytes), 1), _ALIGN)
-        while self._ci < len(self.chunks):
-            c = self.chunks[self._ci]
-            if self._off + n <= c.numel():
-                out = c[self._off:self._off + nbytes]
-                self._off += n
+        for ci in range(self._ci, len(self.chunks)):
+            off = self._off if ci == self._ci else 0
+            c = self.chunks[ci]
+            if off + n <= c.numel():
+                self._ci, self._off = ci, off + n
                 self._account(n)
-                return out
-            self._ci += 1
-            self._off = 0
+                return c[off:off + nbytes]
         size = max(self.chunk_bytes, _round_up(n, 2 * _MiB))
-        if self.max_bytes is not None and self.capacity + size > self.max_bytes:
-            return None
+        if self.max_bytes is not None:
+            size = min(size, self.max_bytes - self.capacity)
+            if size < n:
+                return None
         chunk = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory)
         self.n_chunk_allocs += 1
         self.chunks.append(chunk)
-        self._ci = len(self.chunks) - 1
-        self._off = n
+        self._ci, self._off = len(self.chunks) - 1, n
         self._account(n)
         return chunk[:nbytes]
 
