@@ -23,9 +23,7 @@ def train(overrides, tmp_path):
     before = trainer.param_checksum()
     history = trainer.fit()
     after = trainer.param_checksum()
-    trainer.actor_wg.shutdown()
-    if trainer.critic_wg is not None:
-        trainer.critic_wg.shutdown()
+    trainer.shutdown()
     return history, before, after
 
 
@@ -195,7 +193,7 @@ def test_verl_grpo_offload_command_runs_with_remove_padding_and_dynamic_bsz(ray_
     before = trainer.param_checksum()
     history = trainer.fit()
     assert trainer.param_checksum() != before
-    trainer.actor_wg.shutdown()
+    trainer.shutdown()
     assert len(history) == 2
     for m in history:
         assert m["actor/grad_norm"] > 0 and m["perf/update_actor/offloaded_activation_gb"] > 0

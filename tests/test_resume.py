@@ -15,9 +15,7 @@ def run(overrides):
     try:
         return trainer.fit()
     finally:
-        trainer.actor_wg.shutdown()
-        if trainer.critic_wg is not None:
-            trainer.critic_wg.shutdown()
+        trainer.shutdown()
 
 
 def _overwrite_a_model_shard(step_dir) -> str:

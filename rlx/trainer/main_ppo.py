@@ -224,6 +224,17 @@ def sigterm_unwinds():
         signal.signal(signal.SIGTERM, previous)
 
 
+def write_timeline(cfg: RLXConfig) -> None:
+    """`ray_init.timeline_json_file`: Ray's task timeline of the run (chrome://tracing JSON), as verl writes it."""
+    import ray
+
+    path = cfg.ray_init.timeline_json_file
+    if path and ray.is_initialized():
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        ray.timeline(filename=path)
+        log.info("ray timeline written to %s", path)
+
+
 def _last_checkpoint_note(cfg: RLXConfig) -> str:
     from rlx import checkpoint as ckpt
 
@@ -263,7 +274,8 @@ def run(cfg: RLXConfig, inputs: DriverInputs | None = None):
                       f"{_last_checkpoint_note(cfg)}", file=sys.stderr, flush=True)
                 raise
     finally:
-        if trainer is not None and hasattr(trainer, "actor_wg"):
+        write_timeline(cfg)
+        if trainer is not None:
             trainer.shutdown()
         if own_ray:
             ray.shutdown()

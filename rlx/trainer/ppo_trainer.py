@@ -22,6 +22,8 @@ from rlx.trainer.tracking import Tracker
 
 if TYPE_CHECKING:
     from rlx.trainer.preflight import DriverInputs
+    from rlx.workers.actor_worker import ActorGroup
+    from rlx.workers.critic_worker import CriticGroup
 
 log = logging.getLogger("rlx")
 
@@ -113,32 +115,35 @@ class RayPPOTrainer:
                                                     cfg.algorithm.kl_ctrl.target_kl, cfg.algorithm.kl_ctrl.horizon)
         self.global_step = 0
         self.val_history: list[dict] = []
+        self.actor: ActorGroup | None = None  # the worker groups, started by init_workers()
+        self.critic: CriticGroup | None = None
 
     # ---- setup ----------------------------------------------------------------------------------------
     def init_workers(self) -> None:
-        from rlx.workers.actor_worker import ActorRolloutRefWorker
-        from rlx.workers.critic_worker import CriticWorker
-        from rlx.workers.group import ResourcePool, WorkerGroup
+        from rlx.workers.actor_worker import ActorGroup
+        from rlx.workers.critic_worker import CriticGroup
+        from rlx.workers.group import ResourcePool
 
         t = self.cfg.trainer
         # verl's colocated roles: one bundle per GPU, rank i of every role on bundle i (see rlx.workers.group)
         self.pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, roles=2 if self.use_critic else 1)
-        self.actor_wg = WorkerGroup(ActorRolloutRefWorker, self.pool, self.cfg)
-        self.critic_wg = WorkerGroup(CriticWorker, self.pool, self.cfg) if self.use_critic else None
+        self.actor = ActorGroup(self.pool, self.cfg)
+        self.critic = CriticGroup(self.pool, self.cfg) if self.use_critic else None
         # actor (and its vLLM engine) first: vLLM sizes its KV cache from a GPU no other process is filling
-        self.actor_wg.run_all("init_model", self.total_steps, self.rollout_name)
-        if self.critic_wg is not None:
-            self.critic_wg.run_all("init_model", self.total_steps)
+        self.actor.init_model(self.total_steps, self.rollout_name)
+        if self.critic is not None:
+            self.critic.init_model(self.total_steps)
 
     def shutdown(self) -> None:
         """Kill the workers and release their placement group."""
-        for wg in (self.actor_wg, self.critic_wg):
-            if wg is not None:
-                wg.shutdown()
+        for group in (self.actor, self.critic):
+            if group is not None:
+                group.shutdown()
+        self.actor = self.critic = None
 
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self) -> list[dict]:
-        if not hasattr(self, "actor_wg"):
+        if self.actor is None:
             self.init_workers()
         log_dir = os.path.join(self.cfg.trainer.default_local_dir, "logs")
         self.tracker = Tracker(self.cfg, log_dir)
@@ -182,24 +187,24 @@ class RayPPOTrainer:
             with timed("reward", timing):
                 self.compute_reward(batch, metrics)
             with timed("old_log_prob", timing):
-                batch = batch.union(self.actor_wg.run_dp("compute_log_prob", batch))
+                batch = batch.union(self.actor.compute_log_prob(batch))
             if "rollout_log_probs" in batch:
                 metrics.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"],
                                                   batch["response_mask"]))
             if self.use_ref:
                 with timed("ref", timing):
-                    batch = batch.union(self.actor_wg.run_dp("compute_ref_log_prob", batch))
+                    batch = batch.union(self.actor.compute_ref_log_prob(batch))
             if self.use_critic:
                 with timed("values", timing):
-                    batch = batch.union(self.critic_wg.run_dp("compute_values", batch))
+                    batch = batch.union(self.critic.compute_values(batch))
             with timed("adv", timing):
                 self.compute_advantage(batch, metrics)
             if self.use_critic:
                 with timed("update_critic", timing):
-                    metrics.update(self.critic_wg.run_dp_metrics("update_critic", batch))
+                    metrics.update(self.critic.update(batch))
             if self.global_step > self.cfg.trainer.critic_warmup:
                 with timed("update_actor", timing):
-                    metrics.update(self.actor_wg.run_dp_metrics("update_actor", batch))
+                    metrics.update(self.actor.update(batch))
         metrics.update(compute_data_metrics(batch.tensors, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(timing))
         for stat in ("max_memory_allocated_gb", "max_memory_reserved_gb", "cpu_memory_used_gb"):
@@ -222,7 +227,7 @@ class RayPPOTrainer:
         gen_in = prompts.select("input_ids", "attention_mask", "position_ids")
         gen_in.meta = dict(sampling, seed=r.seed + self.global_step)
         tp = r.tensor_model_parallel_size if self.rollout_name == "vllm" else 1
-        out = self.actor_wg.run_dp("generate_sequences", gen_in, replicas=tp)
+        out = self.actor.generate(gen_in, tp=tp)
         info = Batch(non_tensors={**prompts.non_tensors,
                                   "uid": np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)})
         return out.union(info.repeat_interleave(sampling["n"]))
@@ -328,9 +333,9 @@ class RayPPOTrainer:
 
         root, t = self._ckpt_root(), self.cfg.trainer
         d = ckpt.step_dir(root, self.global_step)
-        self.actor_wg.run_all("save_checkpoint", os.path.join(d, "actor"))
-        if self.critic_wg is not None:
-            self.critic_wg.run_all("save_checkpoint", os.path.join(d, "critic"))
+        self.actor.save(os.path.join(d, "actor"))
+        if self.critic is not None:
+            self.critic.save(os.path.join(d, "critic"))
         ckpt.save_driver_state(d, {"global_step": self.global_step, "dataloader": self.train_loader.state_dict(),
                                    "kl_ctrl_value": self.kl_ctrl.value})
         ckpt.mark_complete(d)
@@ -346,14 +351,14 @@ class RayPPOTrainer:
         if d is None:
             return
         state = ckpt.load_driver_state(d)
-        self.actor_wg.run_all("load_checkpoint", os.path.join(d, "actor"))
-        if self.critic_wg is not None:
-            self.critic_wg.run_all("load_checkpoint", os.path.join(d, "critic"))
+        self.actor.load(os.path.join(d, "actor"))
+        if self.critic is not None:
+            self.critic.load(os.path.join(d, "critic"))
         self.global_step = int(state["global_step"])
         self.train_loader.load_state_dict(state["dataloader"])
         self.kl_ctrl.value = state["kl_ctrl_value"]
         log.info("resumed from %s at step %d", d, self.global_step)
 
     def param_checksum(self) -> float:
-        return self.actor_wg.run_all("param_checksum")[0]
+        return self.actor.param_checksum()
 
