@@ -301,3 +301,19 @@ def test_critic_tokenizer_must_share_the_vocabulary(tmp_path, tiny_model_path):
     with pytest.raises(PreflightError) as e:
         preflight(load_config(gae + [f"critic.model.tokenizer_path={other}"]))
     assert f"critic.model.tokenizer_path='{other}' has a different vocabulary" in str(e.value)
+
+
+# ---- ray_init.timeline_json_file --------------------------------------------------------------------------------
+def test_timeline_json_file_is_written(monkeypatch, tmp_path):
+    import ray
+
+    from rlx.trainer.main_ppo import write_timeline
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "timeline", lambda filename: calls.append(filename))
+    write_timeline(load_config([]))
+    assert calls == []
+    target = tmp_path / "sub" / "timeline.json"
+    write_timeline(load_config([f"ray_init.timeline_json_file={target}"]))
+    assert calls == [str(target)] and target.parent.is_dir()

@@ -1,0 +1,208 @@
+"""Which config keys the code reads: a tiny job run in one process with a config that records every field read.
+
+`python tests/key_recording.py OUT.json` writes {"reads": {dotted key: [reading files]}}; tests/test_config_keys.py
+runs it and accounts for every leaf key of the schema.
+
+How: each dataclass instance of the typed config gets its own subclass (named after its key path) whose
+`__getattribute__` records a read of a leaf field together with the file of the reading frame; copies made by
+`dataclasses.replace` or `copy` keep the subclass, so their reads count too. Reads from rlx/config/validate.py
+(checking a key is not using it) and from outside rlx (dataclasses.asdict, copy) are not recorded.
+
+What runs (no Ray: the worker groups are replaced by the worker classes themselves, in this process, world size
+1 over gloo): `main_ppo.run` -- preflight, `init_ray` (ray.init stubbed), the trainer's loop with validation
+before and after training, a checkpoint save, then a resume from it and a damaged-checkpoint lookup -- with GAE
+(critic), a KL loss and a KL penalty (ref), the actor on FSDP1 and the ref and critic on FSDP2, activation offload
+on both, dynamic batch sizes, cosine schedules, the dapo reward manager with a custom reward file, sampled
+validation with n=2 and logged generations, the HF rollout. Then the vLLM rollout is built from the same worker
+with a stand-in `vllm` module (engine arguments and sampling parameters, once as on CPU and once as on CUDA).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+REPO = str(Path(__file__).resolve().parent.parent)
+RLX_DIR = os.path.join(REPO, "rlx") + os.sep
+NOT_A_USE = (os.path.join(RLX_DIR, "config", "validate.py"),)
+
+READS: dict[str, set[str]] = {}
+
+
+def _record(path: str, frame_file: str) -> None:
+    if frame_file.startswith(RLX_DIR) and frame_file not in NOT_A_USE:
+        READS.setdefault(path, set()).add(os.path.relpath(frame_file, REPO))
+
+
+def record_reads(obj, prefix: str = "") -> None:
+    """Give `obj` (a dataclass tree, changed in place) a recording subclass at every node."""
+    fields = {f.name for f in dataclasses.fields(obj)}
+
+    def __getattribute__(self, name):
+        value = object.__getattribute__(self, name)
+        if name in fields and not dataclasses.is_dataclass(value):
+            _record(prefix + name, sys._getframe(1).f_code.co_filename)
+        return value
+
+    base = type(obj)
+    obj.__class__ = type(f"Recording[{prefix.rstrip('.') or 'root'}]", (base,),
+                         {"__getattribute__": __getattribute__, "__module__": base.__module__})
+    for name in fields:
+        value = object.__getattribute__(obj, name)
+        if dataclasses.is_dataclass(value):
+            record_reads(value, f"{prefix}{name}.")
+
+
+class InProcessPool:
+    def __init__(self, nnodes, n_gpus_per_node, device, roles):
+        self.world_size = nnodes * n_gpus_per_node
+        assert self.world_size == 1, "the recording run is one process"
+
+
+class InProcessGroup:
+    """`WorkerGroup`'s methods for one rank living in this process (patched into the class, so that the role
+    groups deriving from it use them)."""
+
+    def __init__(self, worker_cls, pool, cfg):
+        import socket
+
+        self.pool, self.world_size = pool, 1
+        self.worker = worker_cls(cfg, 0, 1)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.worker.init_distributed("127.0.0.1", port)
+
+    def _method(self, method):
+        return getattr(self.worker, method if isinstance(method, str) else method.__name__)
+
+    def run_all(self, method, *args, **kwargs):
+        return [self._method(method)(*args, **kwargs)]
+
+    def run_dp(self, method, batch, replicas=1, **kwargs):
+        return self._method(method)(batch, **kwargs)
+
+    def run_dp_metrics(self, method, batch, **kwargs):
+        return self._method(method)(batch, **kwargs)
+
+    def shutdown(self):
+        pass
+
+
+def fake_vllm_module():
+    """What VLLMRollout imports from vLLM, minus the engine."""
+    import importlib.machinery
+
+    vllm = types.ModuleType("vllm")
+    vllm.__spec__ = importlib.machinery.ModuleSpec("vllm", None)  # "installed" for vllm_available()
+
+    class LLM:
+        def __init__(self, model, **kwargs):
+            self.model, self.kwargs = model, kwargs
+
+        def sleep(self, level):
+            pass
+
+        def wake_up(self, tags=None):
+            pass
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    vllm.LLM, vllm.SamplingParams = LLM, SamplingParams
+    return vllm
+
+
+def main(out_path: str) -> None:
+    import ray
+    import torch
+
+    from rlx import checkpoint as ckpt
+    from rlx.config import load_config
+    from rlx.trainer import console, main_ppo
+    from rlx.workers import group
+
+    work = tempfile.mkdtemp(prefix="rlx_keys_")
+    reward_file = os.path.join(work, "reward.py")
+    with open(reward_file, "w") as f:
+        f.write("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                "    return {'score': float(ground_truth in solution_str), 'has_digit': 1.0}\n")
+    buffer = "reward_model.reward_kwargs.overlong_buffer_cfg"
+    cfg = load_config([
+        "trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=null",
+        "trainer.total_epochs=1", "trainer.save_freq=1", "trainer.test_freq=1", "trainer.log_val_generations=1",
+        "trainer.logger=[console,file,tensorboard]", f"trainer.default_local_dir={work}/ckpt",
+        f"ray_init.timeline_json_file={work}/timeline.json",
+        "data.train_files=synthetic://digits/size:2/seed:0", "data.val_files=synthetic://digits/size:2/seed:1",
+        "data.train_batch_size=2", "data.max_response_length=4", "data.return_raw_chat=True",
+        "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True",
+        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.ref.strategy=fsdp2", "critic.strategy=fsdp2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.optim.warmup_style=cosine", "critic.optim.warmup_style=cosine",
+        "actor_rollout_ref.model.enable_activation_offload=True", "critic.model.enable_activation_offload=True",
+        "critic.use_dynamic_bsz=True",
+        "reward_model.reward_manager=dapo", f"{buffer}.enable=True", f"{buffer}.len=2", f"{buffer}.penalty_factor=1.0",
+        f"{buffer}.log=True", f"custom_reward_function.path={reward_file}",
+    ])
+    record_reads(cfg)
+
+    # the worker groups in this process; Ray itself is not started
+    group.ResourcePool = InProcessPool
+    for name in ("__init__", "run_all", "run_dp", "run_dp_metrics", "shutdown", "_method"):
+        setattr(group.WorkerGroup, name, getattr(InProcessGroup, name))
+    console.announce_worker_logs = lambda: None
+    ray.is_initialized = lambda: False
+    ray.init = lambda *a, **k: None
+    ray.shutdown = lambda: None
+
+    from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+    shutdown = RayPPOTrainer.shutdown
+
+    def keep_groups(self):  # the in-process workers live on for the resume below
+        self.kept = (self.actor, self.critic)
+        shutdown(self)
+
+    RayPPOTrainer.shutdown = keep_groups
+    trainer = main_ppo.run(cfg)
+    trainer.actor, trainer.critic = trainer.kept
+    # resume from the checkpoint just saved (load_contents), then look for one after damaging it
+    trainer.resume_dir = ckpt.find_resume_dir(cfg.trainer)
+    assert trainer.resume_dir is not None
+    trainer.resume()
+    with open(os.path.join(trainer.resume_dir, "driver_state.json"), "a") as f:
+        f.write(" ")
+    try:
+        ckpt.find_resume_dir(cfg.trainer)
+    except ckpt.DamagedCheckpointError:
+        pass
+
+    # the vLLM rollout of the same worker, with a stand-in engine: as on this CPU, then as on a GPU
+    sys.modules["vllm"] = fake_vllm_module()
+    worker = trainer.actor.worker
+    meta = {"n": 2, "do_sample": True, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "seed": 0}
+    rollout = worker._build_rollout("vllm")
+    rollout._sampling_params(meta, 2)
+    worker.device = torch.device("cuda")
+    torch.cuda.mem_get_info = lambda *a: (1 << 40, 1 << 40)
+    torch.cuda.memory_reserved = lambda *a: 0
+    torch.cuda.empty_cache = lambda: None
+    worker._build_rollout("vllm")
+
+    with open(out_path, "w") as f:
+        json.dump({"reads": {k: sorted(v) for k, v in sorted(READS.items())}}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

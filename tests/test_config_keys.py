@@ -1,0 +1,101 @@
+"""Every leaf key of the schema does what it says or is refused (the README's promise: a verl key rlx does not
+implement is an error, never a silent no-op).
+
+A key is accounted for when the code that runs a job reads it (recorded by tests/key_recording.py: a tiny job in
+one process with a config that records every field read, validation's own reads excluded), when its schema
+default interpolates into a key that is read (trainer.project_name -> trainer.default_local_dir), or when it is
+listed: `NOT_SUPPORTED` and `DEPRECATED` (refused unless default), `FOLLOWS` (refused unless equal to the key it
+mirrors), `NO_OP_BY_DESIGN` (accepted, with the reason).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from rlx.config import load_config
+from rlx.config.loader import SCHEMA_KEYS, SECTION_KEYS
+from rlx.config.schema import DEPRECATED, FOLLOWS, NO_OP_BY_DESIGN, NOT_SUPPORTED, RLXConfig
+
+from conftest import REPO
+
+LEAVES = sorted(SCHEMA_KEYS - SECTION_KEYS)
+LISTS = {"NOT_SUPPORTED": NOT_SUPPORTED, "DEPRECATED": DEPRECATED, "FOLLOWS": FOLLOWS,
+         "NO_OP_BY_DESIGN": NO_OP_BY_DESIGN}
+
+
+@pytest.fixture(scope="module")
+def reads(tmp_path_factory) -> dict[str, list[str]]:
+    """{key: files that read it} from the recording run (about 10 s)."""
+    out = tmp_path_factory.mktemp("keys") / "reads.json"
+    proc = subprocess.run([sys.executable, "tests/key_recording.py", str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, f"the recording run failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return json.loads(out.read_text())["reads"]
+
+
+def interpolated_into() -> dict[str, list[str]]:
+    """key -> the keys whose schema default interpolates it (`${key}`)."""
+    out: dict[str, list[str]] = {}
+
+    def walk(obj, prefix):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+            elif isinstance(value, str):
+                for source in re.findall(r"\$\{([^}]+)\}", value):
+                    out.setdefault(source, []).append(prefix + f.name)
+
+    walk(RLXConfig(), "")
+    return out
+
+
+def test_every_leaf_key_is_read_or_refused(reads):
+    through = interpolated_into()
+    listed = set().union(*LISTS.values())
+    unaccounted = [key for key in LEAVES if key not in reads and key not in listed
+                   and not any(user in reads for user in through.get(key, []))]
+    assert unaccounted == [], (
+        f"{len(unaccounted)} key(s) are accepted but nothing reads them (a silent no-op): {unaccounted}. Implement "
+        f"each (and let tests/key_recording.py's job reach the code that reads it), or refuse non-default values "
+        f"(rlx/config/schema.py: NOT_SUPPORTED), or -- only if the key cannot change what is computed -- list it in "
+        f"NO_OP_BY_DESIGN with the reason.")
+
+
+def test_no_op_keys_are_really_not_read(reads):
+    read = sorted(set(NO_OP_BY_DESIGN) & set(reads))
+    assert read == [], f"{read} are listed in NO_OP_BY_DESIGN but the code reads them ({[reads[k] for k in read]}): " \
+                       f"remove them from the list (and document what they do)"
+
+
+def test_lists_name_real_keys_once():
+    for name, keys in LISTS.items():
+        assert set(keys) <= set(LEAVES), f"{name} names keys the schema does not have: {set(keys) - set(LEAVES)}"
+    names = list(LISTS)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not set(LISTS[a]) & set(LISTS[b]), f"{a} and {b} both list {set(LISTS[a]) & set(LISTS[b])}"
+    for key, reason in NO_OP_BY_DESIGN.items():
+        assert reason.strip(), f"NO_OP_BY_DESIGN[{key!r}] needs its reason"
+    for key, replacement in DEPRECATED.items():
+        assert replacement in LEAVES, replacement
+
+
+@pytest.mark.parametrize("key", sorted(FOLLOWS))
+def test_follower_keys_are_refused_unless_they_follow(key):
+    source = FOLLOWS[key]
+    assert key in interpolated_into()[source], f"{key}'s default must interpolate {source}"
+    load_config([f"{source}=24"])  # the follower follows
+    with pytest.raises(ValueError, match=rf"{re.escape(key)}=40 differs from {re.escape(source)}=16"):
+        load_config([f"{key}=40"])
+
+
+@pytest.mark.parametrize("key", sorted(DEPRECATED))
+def test_deprecated_keys_are_refused(key):
+    with pytest.raises(ValueError, match=rf"{re.escape(key)} is deprecated in verl.*set {re.escape(DEPRECATED[key])}"):
+        load_config([f"{key}=4"])
