@@ -317,3 +317,36 @@ def test_timeline_json_file_is_written(monkeypatch, tmp_path):
     target = tmp_path / "sub" / "timeline.json"
     write_timeline(load_config([f"ray_init.timeline_json_file={target}"]))
     assert calls == [str(target)] and target.parent.is_dir()
+
+
+# ---- end to end through Ray: a custom reward column, logged validation generations, ignore_eos -----------------
+def test_reward_column_generations_and_ignore_eos_end_to_end(ray_local, tmp_path, capsys):
+    """verl rows whose reward-picking column is `task` (data.reward_fn_key=task) train and validate; each validation
+    prints trainer.log_val_generations=2 samples; rollout.ignore_eos=True gives max-length responses."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlx.data import synthetic
+    from rlx.trainer.main_ppo import choose_rollout
+    from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+    for name, size in (("train", 8), ("val", 3)):
+        rows = [{("task" if k == "data_source" else k): v for k, v in row.items()}
+                for row in synthetic.generate_rows(f"synthetic://digits/size:{size}/seed:{size}")]
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{name}.parquet")
+    cfg = load_config([f"data.train_files={tmp_path}/train.parquet", f"data.val_files={tmp_path}/val.parquet",
+                       "data.reward_fn_key=task", "trainer.log_val_generations=2",
+                       "actor_rollout_ref.rollout.ignore_eos=True", "actor_rollout_ref.rollout.name=hf",
+                       "data.max_response_length=6", "trainer.total_training_steps=1", "data.train_batch_size=4",
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.logger=[console]",
+                       f"trainer.default_local_dir={tmp_path}/out"])
+    trainer = RayPPOTrainer(cfg, choose_rollout(cfg))
+    try:
+        [metrics] = trainer.fit()
+    finally:
+        trainer.shutdown()
+    out = capsys.readouterr().out
+    assert out.count("validation generations at step") == 2  # before training and after the last step
+    assert out.count("[1] [prompt] ") == 2 and "[2] [prompt] " not in out
+    assert metrics["response_length/mean"] == metrics["response_length/min"] == 6  # ignore_eos: all max length
+    assert "val/synthetic/digits/reward/mean" in metrics and "critic/score/mean" in metrics
