@@ -350,3 +350,10 @@ def test_reward_column_generations_and_ignore_eos_end_to_end(ray_local, tmp_path
     assert out.count("[1] [prompt] ") == 2 and "[2] [prompt] " not in out
     assert metrics["response_length/mean"] == metrics["response_length/min"] == 6  # ignore_eos: all max length
     assert "val/synthetic/digits/reward/mean" in metrics and "critic/score/mean" in metrics
+
+
+def test_engine_kwargs_of_another_engine_are_refused():
+    load_config(["actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
+                 "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=null"])  # verl's inert default
+    assert "engine_kwargs.sglang={'attention_backend': 'fa3'} configures another engine" in \
+        err("actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3")

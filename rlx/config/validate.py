@@ -211,6 +211,13 @@ def _check_rollout(cfg, errors):
                       f"(trainer.nnodes * trainer.n_gpus_per_node).")
     if tp > 1 and cfg.trainer.device == "cpu":
         errors.append("actor_rollout_ref.rollout.tensor_model_parallel_size > 1 needs GPUs (trainer.device=cuda).")
+    engine_kwargs = r.engine_kwargs or {}
+    if "vllm" in engine_kwargs:  # verl's layout {vllm: {...}, sglang: {...}}: rlx's engine is vLLM
+        for other, value in engine_kwargs.items():
+            if other != "vllm" and (not isinstance(value, dict) or any(v is not None for v in value.values())):
+                errors.append(f"actor_rollout_ref.rollout.engine_kwargs.{other}={value!r} configures another engine; "
+                              f"rlx's rollout engine is vLLM. Fix: remove it, or move its keys under "
+                              f"actor_rollout_ref.rollout.engine_kwargs.vllm.")
     _choice(errors, "actor_rollout_ref.rollout.dtype", r.dtype, ROLLOUT_DTYPES)
     _choice(errors, "actor_rollout_ref.rollout.load_format", r.load_format, LOAD_FORMATS)
     need = cfg.data.max_prompt_length + cfg.data.max_response_length
