@@ -357,3 +357,18 @@ def test_engine_kwargs_of_another_engine_are_refused():
                  "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=null"])  # verl's inert default
     assert "engine_kwargs.sglang={'attention_backend': 'fa3'} configures another engine" in \
         err("actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3")
+
+
+def test_clip_ratio_sets_both_bounds_unless_they_are_given():
+    """verl's yaml sets clip_ratio_low/high to 0.2 as well, so clip_ratio alone changed nothing; in rlx they
+    default to null and follow clip_ratio."""
+    from rlx.algos.core_algos import compute_policy_loss
+
+    actor = load_config(["actor_rollout_ref.actor.clip_ratio=0.5"]).actor_rollout_ref.actor
+    assert actor.clip_ratio_low is None and actor.clip_ratio_high is None
+    ratio = torch.tensor([[1.4, 0.7]])  # inside a 0.5 clip range, outside a 0.2 one
+    kw = dict(old_log_prob=torch.zeros(1, 2), log_prob=ratio.log(), advantages=torch.tensor([[1.0, -1.0]]),
+              response_mask=torch.ones(1, 2), cliprange=actor.clip_ratio, cliprange_low=actor.clip_ratio_low,
+              cliprange_high=actor.clip_ratio_high)
+    assert compute_policy_loss(**kw)[1] == 0  # no token clipped at 0.5
+    assert compute_policy_loss(**dict(kw, cliprange_low=0.2, cliprange_high=0.2))[1] > 0
