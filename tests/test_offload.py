@@ -544,7 +544,7 @@ def test_rebuild_pointwise_bitwise(dtype, max_pool):
 
 
 def test_recipe_detection():
-    from rlx.offload.core import _Entry, _Packed
+    from rlx.offload.group import Entry as _Entry, Packed as _Packed
     from rlx.offload.exact import recipe as _recipe
 
     def entries_of(*ts):  # as the pack hook records them: by the autograd output that produced each tensor
