@@ -478,6 +478,42 @@ def test_group_transitions_follow_the_table():
         g.unpack(Packed(g, None, torch.zeros(1)))  # a closed group: never stale data
 
 
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_fused_head_that_never_calls_the_output_projection(ckpt, monkeypatch):
+    """The engine's head reads `lm_head.weight` inside the model's forward and never calls `lm_head`: the last
+    groups are still copying when backward starts; they keep their device copies (nothing of theirs is copied
+    back) and the gradients are bitwise."""
+    from rlx.offload import copies
+    copied_back = []
+    copy_in = copies.InlineCopies.copy_in
+
+    def recording_copy_in(self, src, dst, narrow):
+        copied_back.append(src.data_ptr())
+        copy_in(self, src, dst, narrow)
+    monkeypatch.setattr(copies.InlineCopies, "copy_in", recording_copy_in)
+
+    def fused_loss(m, ids):
+        hidden = m.model(input_ids=ids).last_hidden_state
+        logits = F.linear(hidden, m.lm_head.weight)
+        return F.cross_entropy(logits[:, :-1].reshape(-1, 300), ids[:, 1:].reshape(-1))
+    ref, m = tiny_qwen2(), tiny_qwen2()
+    off = apply_activation_offload(m, DEFAULTS, ckpt)
+    for step in range(2):
+        ids = batches(step, 0)[1]
+        la = fused_loss(ref, ids)
+        la.backward()
+        copied_back.clear()
+        with off.activate():
+            lb = fused_loss(m, ids)
+            copying = [e.host.data_ptr() for g in off._groups if g.state.name == "COPYING"
+                       for e in g.entries.values() if e.host is not None]
+            lb.backward()
+        assert copying and not set(copying) & set(copied_back), (len(copying), len(copied_back))
+        assert la.item() == lb.item()
+        assert _eq([p.grad for p in ref.parameters()], [p.grad for p in m.parameters()])
+        ref.zero_grad(set_to_none=True), m.zero_grad(set_to_none=True)
+
+
 def test_hf_checkpointing_together_is_a_clear_error():
     m = tiny_qwen2()
     off = apply_activation_offload(m, CFG0, True)

@@ -317,6 +317,14 @@ class _SyncedCopies:
         super().copy_in(*a)
         torch.cuda.synchronize()
 
+    def fence_out(self):
+        torch.cuda.synchronize()
+        return super().fence_out()
+
+    def fence_in(self):  # after each storage's copy back or elementwise rebuild
+        torch.cuda.synchronize()
+        return super().fence_in()
+
     def finish(self):
         super().finish()
         torch.cuda.synchronize()

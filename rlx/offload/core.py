@@ -235,7 +235,8 @@ class ActivationOffloader:
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._micro_batch_ended)
-        self._flush()  # forward left groups in flight (no output projection seen): they must be done now
+        # this group and the `prefetch_layers` offloaded ones before it; a group forward left copying (no
+        # output projection ran: a fused head that reads its weight directly) keeps its device copies
         g.needed()
         h, n = g.prev, max(self.cfg.prefetch_layers, 0)
         while h is not None and n > 0:
@@ -243,6 +244,7 @@ class ActivationOffloader:
                 h.needed()
                 n -= 1
             h = h.prev
+        self._flush()  # the rest of what forward left in flight is due now
 
     def backward_done(self, g: Group) -> None:
         g.backward_done()
