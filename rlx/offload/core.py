@@ -47,13 +47,11 @@ def _param_ptrs(modules) -> set:
         for t in list(m._parameters.values()) + list(m._buffers.values()):
             if t is None:
                 continue
-            for x in (t, getattr(t, "_local_tensor", None)):
-                if x is None:
-                    continue
-                try:
-                    ptrs.add(x.untyped_storage().data_ptr())
-                except (RuntimeError, NotImplementedError):
-                    pass
+            t = getattr(t, "_local_tensor", t)  # a DTensor has no data pointer of its own
+            try:
+                ptrs.add(t.untyped_storage().data_ptr())
+            except (RuntimeError, NotImplementedError):
+                pass
     return ptrs
 
 
