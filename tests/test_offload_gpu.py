@@ -181,7 +181,8 @@ LENS = (1024, 768)  # tokens of the two micro-batches of a step (batch 1)
 def qwen2_1024(dtype):
     cfg = transformers.Qwen2Config(**DIMS, attn_implementation="sdpa", use_cache=False)
     torch.manual_seed(0)
-    m = transformers.Qwen2ForCausalLM(cfg).to(device=DEVICE, dtype=dtype)
+    with torch.device(DEVICE):
+        m = transformers.Qwen2ForCausalLM(cfg).to(dtype)
     m.config._attn_implementation = "sdpa"
     return m.train()
 
