@@ -168,16 +168,16 @@ class FSDPEngine:
                 count = sum(core_algos.loss_norm_count(mb["response_mask"], spec.loss_agg_mode) for mb in mbs)
                 # FSDP averages gradients over ranks, so each rank divides by its share of the global count
                 norm = self._global_sum(count) / world
-                mini: dict[str, float] = {}
+                summed: dict[str, float] = {}  # the loss terms of this mini-batch
                 for mb in mbs:
                     with self.micro_batch_context():
                         loss, shares, means = loss_fn(mb, norm)
                         loss.backward()
                     for k, v in shares.items():
-                        mini[k] = mini.get(k, 0.0) + float(v)
+                        summed[k] = summed.get(k, 0.0) + float(v)
                     for k, v in means.items():
                         add(k, v)
-                for k, v in mini.items():
+                for k, v in summed.items():
                     add(k, v)
                 for k, v in self.optimizer_step(spec.grad_clip).items():
                     add(f"{spec.prefix}/{k}", v)
