@@ -120,17 +120,14 @@ class FSDPEngine:
 
     def agree_max(self, n: int) -> int:
         """The max of `n` over this engine's data-parallel ranks (every rank must run as many micro-batches)."""
-        if not dist.is_initialized() or dist.get_world_size() == 1:
-            return n
-        t = torch.tensor([n], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+        return int(self._all_reduce(n, dist.ReduceOp.MAX))
 
-    def _global_sum(self, x: float) -> float:
+    def _all_reduce(self, x: float, op=dist.ReduceOp.SUM) -> float:
+        """`x` reduced over this engine's data-parallel ranks (itself without a process group)."""
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return x
         t = torch.tensor([x], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=op)
         return float(t.item())
 
     @torch.no_grad()
@@ -167,7 +164,7 @@ class FSDPEngine:
                 mbs, _ = micro_batches(mini, spec.micro_size, spec.max_tokens, agree=self.agree_max)
                 count = sum(core_algos.loss_norm_count(mb["response_mask"], spec.loss_agg_mode) for mb in mbs)
                 # FSDP averages gradients over ranks, so each rank divides by its share of the global count
-                norm = self._global_sum(count) / world
+                norm = self._all_reduce(count) / world
                 summed: dict[str, float] = {}  # the loss terms of this mini-batch
                 for mb in mbs:
                     with self.micro_batch_context():
