@@ -5,11 +5,10 @@ import time
 
 import pytest
 
-from rlx.config import load_config
 from rlx.trainer.main_ppo import choose_rollout
 from rlx.trainer.ppo_trainer import RayPPOTrainer
 
-from conftest import REPO
+from conftest import REPO, load_config  # load_config: the quickstart job's config
 
 SMALL = ["trainer.total_training_steps=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.val_files=synthetic://digits/size:8/seed:1",
