@@ -111,6 +111,7 @@ VERL_DEFAULTS = {
     'actor_rollout_ref.rollout.max_num_seqs': 256,
     'actor_rollout_ref.rollout.mode': 'async',
     'actor_rollout_ref.rollout.n': 1,
+    'actor_rollout_ref.rollout.name': '???',  # verl requires it
     'actor_rollout_ref.rollout.prompt_length': 512,
     'actor_rollout_ref.rollout.response_length': 512,
     'actor_rollout_ref.rollout.seed': 42,
