@@ -209,7 +209,8 @@ def test_verl_quickstart_ppo_command_runs_gae_with_a_critic(ray_local, tmp_path)
     from test_verl_defaults import VERL_QUICKSTART
 
     records = [{"question": f"Tom has {i} apples and buys {i + 1} more. How many apples?",
-                "answer": f"{i} + {i + 1} = <<{i}+{i + 1}={2 * i + 1}>>{2 * i + 1}\n#### {2 * i + 1}"} for i in range(4)]
+                "answer": f"{i} + {i + 1} = <<{i}+{i + 1}={2 * i + 1}>>{2 * i + 1}\n#### {2 * i + 1}"}
+               for i in range(4)]
     for split in ("train", "test"):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     subprocess.run([sys.executable, "scripts/prepare_gsm8k.py", "--input_dir", str(tmp_path), "--output_dir",
