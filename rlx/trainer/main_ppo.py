@@ -311,6 +311,14 @@ def run(cfg: RLXConfig, inputs: DriverInputs | None = None):
     return trainer
 
 
+def _base_config_hint(args: CliArgs) -> str:
+    """After an error of a job on the base config (verl's defaults): where rlx's ready-to-run job is."""
+    if args.config_dir is not None or args.config_name != "ppo_trainer":
+        return ""
+    return ("\n(The base config has verl's defaults: set the model, the data and the per-GPU batch sizes as a verl "
+            "command does. rlx's small ready-to-run job: --config-name quickstart, or `make run`.)")
+
+
 def main(argv: list[str] | None = None) -> int:
     from rlx.config import load_config
     from rlx.config.loader import OverrideParseError
@@ -336,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlx: {e}", file=sys.stderr)
         return 2
     except ValueError as e:
-        print(f"rlx: config error\n{e}", file=sys.stderr)
+        print(f"rlx: config error\n{e}{_base_config_hint(args)}", file=sys.stderr)
         return 2
     from rlx.checkpoint import DamagedCheckpointError
     from rlx.trainer.ppo_trainer import TrainingStopped
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         inputs = preflight(cfg)
     except PreflightError as e:
-        print(f"rlx: {e}", file=sys.stderr)
+        print(f"rlx: {e}{_base_config_hint(args)}", file=sys.stderr)
         return 2
     try:
         run(cfg, inputs)
