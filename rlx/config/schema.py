@@ -215,7 +215,8 @@ class ActorConfig:
     grad_clip: float = 1.0
     """Max global gradient norm."""
     clip_ratio: float = 0.2
-    """PPO clip range: the lower and upper one unless clip_ratio_low / clip_ratio_high set them."""
+    """PPO clip range: the lower and upper one where clip_ratio_low / clip_ratio_high are null (both default to 0.2,
+    as in verl, so clip_ratio alone changes nothing there either)."""
     clip_ratio_low: Optional[float] = 0.2
     """Lower clip range (null: clip_ratio)."""
     clip_ratio_high: Optional[float] = 0.2
@@ -273,7 +274,8 @@ class RefConfig:
     """Form log-prob micro-batches by a token budget (log_prob_max_token_len_per_gpu); outputs keep the batch's
     order (follows actor.use_dynamic_bsz)."""
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
-    """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz (follows actor.ppo_max_token_len_per_gpu)."""
+    """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz (follows
+    actor.ppo_max_token_len_per_gpu)."""
     ulysses_sequence_parallel_size: int = 1
     """verl key (not supported yet)."""
     entropy_from_logits_with_chunking: bool = False
@@ -350,7 +352,8 @@ class RolloutConfig:
     """Form log-prob micro-batches by a token budget (log_prob_max_token_len_per_gpu); outputs keep the batch's
     order (follows actor.use_dynamic_bsz)."""
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
-    """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz (follows actor.ppo_max_token_len_per_gpu)."""
+    """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz (follows
+    actor.ppo_max_token_len_per_gpu)."""
     disable_log_stats: bool = True
     """vLLM stats logging off."""
     enable_chunked_prefill: bool = True
