@@ -112,6 +112,7 @@ def usage() -> str:
     lines += ["",
               "Every key, with its default and a comment: " + str(CONFIG_DIR / "ppo_trainer.yaml"),
               "(rlx/trainer/config/ppo_trainer.yaml in the repository; README.md, section Configuration).",
+              "Its defaults are verl's; rlx's small ready-to-run job is --config-name quickstart (quickstart.yaml).",
               "The composed config of a command line: add --cfg job.",
               "",
               "== Flags ==",
