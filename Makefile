@@ -1,4 +1,4 @@
-# Quick start: `make run` (set up .venv, run the default job), `make test` (set up .venv, run the test suite).
+# Quick start: `make run` (set up .venv, run rlx/trainer/config/quickstart.yaml), `make test` (set up .venv, run the tests).
 PY := .venv/bin/python
 
 .PHONY: setup run test
@@ -6,7 +6,7 @@ setup:
 	@scripts/setup.sh
 
 run: setup
-	$(PY) -m rlx.trainer.main_ppo $(ARGS)
+	$(PY) -m rlx.trainer.main_ppo --config-name quickstart $(ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

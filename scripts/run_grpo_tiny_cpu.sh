@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GRPO on this machine, CPU only, nothing downloaded: the built-in tiny Qwen2-style model (materialised from
 # rlx/models/configs/tiny-qwen2.json), the synthetic `digits` task with its rule reward, and 2 Ray workers
-# over gloo. Takes a few minutes on 2 cores; prints per-step metrics and the validation reward at start and end.
+# over gloo, starting from the quickstart config (rlx/trainer/config/quickstart.yaml). Takes a few minutes on 2
+# cores; prints per-step metrics and the validation reward at start and end.
 #
 #   bash scripts/run_grpo_tiny_cpu.sh                                   # sets up .venv first (scripts/setup.sh)
 #   bash scripts/run_grpo_tiny_cpu.sh trainer.total_training_steps=2   # extra key=value arguments are appended
@@ -15,7 +16,7 @@ if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
 
-"$PYTHON" -m rlx.trainer.main_ppo \
+"$PYTHON" -m rlx.trainer.main_ppo --config-name quickstart \
     algorithm.adv_estimator=grpo \
     data.train_files=synthetic://digits/size:2048/seed:0 \
     data.val_files=synthetic://digits/size:64/seed:1 \

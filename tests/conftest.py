@@ -7,6 +7,16 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART = "quickstart"
+
+
+def load_config(overrides=None, config_dir=None, config_name: str = QUICKSTART, validate: bool = True):
+    """`rlx.config.load_config` on the quickstart job's config (`--config-name quickstart`: the tiny model, the
+    synthetic task, GRPO with n=4, 2 workers), the small job most tests start from and override. Tests of the base
+    config (verl's defaults) call `rlx.config.load_config` itself."""
+    from rlx.config import load_config as load
+
+    return load(overrides, config_dir, config_name, validate)
 
 
 def pytest_collection_modifyitems(config, items):

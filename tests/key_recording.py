@@ -154,7 +154,7 @@ def main(out_path: str) -> None:
         "critic.use_dynamic_bsz=True",
         "reward_model.reward_manager=dapo", f"{buffer}.enable=True", f"{buffer}.len=2", f"{buffer}.penalty_factor=1.0",
         f"{buffer}.log=True", f"custom_reward_function.path={reward_file}",
-    ])
+    ], config_name="quickstart")
     record_reads(cfg)
 
     # the worker groups in this process; Ray itself is not started

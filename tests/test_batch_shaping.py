@@ -119,7 +119,7 @@ def _capture_grads(engine) -> dict:
 
 
 def _cfg(strategy, over):
-    from rlx.config import load_config
+    from conftest import load_config  # the quickstart config
 
     base = [f"actor_rollout_ref.actor.strategy={strategy}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
             "actor_rollout_ref.model.use_fused_kernels=False", "trainer.n_gpus_per_node=2", "trainer.device=cpu",

@@ -29,7 +29,8 @@ def _engine(strategy: str):
     # warm-up makes the lr differ per step, so a scheduler that is not restored shows in the params
     actor_cfg = ActorConfig(strategy=strategy, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
                             optim=OptimConfig(lr=1e-2, lr_warmup_steps=3))
-    return ActorEngine(role="actor", model_cfg=ModelConfig(enable_gradient_checkpointing=False), actor_cfg=actor_cfg,
+    model_cfg = ModelConfig(path="builtin://tiny-qwen2", enable_gradient_checkpointing=False, use_remove_padding=False)
+    return ActorEngine(role="actor", model_cfg=model_cfg, actor_cfg=actor_cfg,
                        fsdp_cfg=FSDPConfig(), strategy=strategy, device=torch.device("cpu"), world_size=WORLD,
                        rollout_n=2, temperature=1.0, total_steps=10)
 

@@ -62,11 +62,11 @@ def test_cfg_job_spellings(capsys, flags):
 
 
 def test_cfg_all_adds_the_hydra_section(capsys):
-    code, out, _ = run_main(capsys, "--cfg", "all")
+    code, out, _ = run_main(capsys, "--config-name", "quickstart", "--cfg", "all")
     assert code == 0
     tree = yaml.safe_load(out)
     assert "hydra" in tree and "run" in tree["hydra"]
-    assert tree["data"]["max_prompt_length"] == 16
+    assert tree["data"]["max_prompt_length"] == 16  # the quickstart's, over verl's 512 of the base config
     code, out, _ = run_main(capsys, "--cfg", "hydra")
     assert code == 0 and set(yaml.safe_load(out)) == {"hydra"}
 
@@ -117,7 +117,7 @@ def test_unknown_flag(capsys):
 
 
 def test_logger_as_a_bare_string_is_a_one_element_list():
-    from rlx.config import load_config
+    from conftest import load_config  # the quickstart config
 
     assert load_config(["trainer.logger=console"]).trainer.logger == ["console"]
 

@@ -1,10 +1,11 @@
 """Config: YAML == typed schema, strict keys with suggestions, and one test per validation rule."""
 import pytest
 
-from rlx.config import load_config
 from rlx.config.export import missing_docs, render
 from rlx.config.loader import CONFIG_DIR
 from rlx.config.schema import NOT_SUPPORTED
+
+from conftest import load_config  # the quickstart job's config
 
 
 def err(*overrides) -> str:

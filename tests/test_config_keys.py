@@ -17,11 +17,10 @@ import sys
 
 import pytest
 
-from rlx.config import load_config
 from rlx.config.loader import SCHEMA_KEYS, SECTION_KEYS
 from rlx.config.schema import DEPRECATED, FOLLOWS, NO_OP_BY_DESIGN, NOT_SUPPORTED, RLXConfig
 
-from conftest import REPO
+from conftest import REPO, load_config  # load_config: the quickstart job's config
 
 LEAVES = sorted(SCHEMA_KEYS - SECTION_KEYS)
 LISTS = {"NOT_SUPPORTED": NOT_SUPPORTED, "DEPRECATED": DEPRECATED, "FOLLOWS": FOLLOWS,

@@ -8,17 +8,16 @@ import time
 
 import pytest
 
-from rlx.config import load_config
 from rlx.config.device import resolve_device
 from rlx.config.loader import compose, to_typed
 
-from conftest import REPO
+from conftest import REPO, load_config  # load_config: the quickstart job's config
 
 FSDP_KEYS = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.model.fsdp_config")
 
 
 def _resolved(overrides, gpus: int):
-    return resolve_device(to_typed(compose(overrides)), gpu_count=lambda: gpus)
+    return resolve_device(to_typed(compose(overrides, config_name="quickstart")), gpu_count=lambda: gpus)
 
 
 def _mp(cfg, prefix):
@@ -106,7 +105,7 @@ INIT_RAY = """
 import ray
 from rlx.config import load_config
 from rlx.trainer.main_ppo import init_ray
-init_ray(load_config(["trainer.device=cpu", "ray_init.num_cpus=1"]))
+init_ray(load_config(["trainer.device=cpu", "ray_init.num_cpus=1"], config_name="quickstart"))
 print("GCS", ray.get_runtime_context().gcs_address, flush=True)
 ray.shutdown()
 """

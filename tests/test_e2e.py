@@ -5,11 +5,10 @@ import time
 
 import pytest
 
-from rlx.config import load_config
 from rlx.trainer.main_ppo import choose_rollout
 from rlx.trainer.ppo_trainer import RayPPOTrainer
 
-from conftest import REPO
+from conftest import REPO, load_config  # load_config: the quickstart job's config
 
 SMALL = ["trainer.total_training_steps=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.val_files=synthetic://digits/size:8/seed:1",
@@ -197,3 +196,41 @@ def test_verl_grpo_offload_command_runs_with_remove_padding_and_dynamic_bsz(ray_
     assert len(history) == 2
     for m in history:
         assert m["actor/grad_norm"] > 0 and m["perf/update_actor/offloaded_activation_gb"] > 0
+
+
+def test_verl_quickstart_ppo_command_runs_gae_with_a_critic(ray_local, tmp_path):
+    """verl's docs quickstart (PPO on GSM8K) on the base config: only the model, the data (GSM8K rows made into
+    parquet by scripts/prepare_gsm8k.py), batch sizes, lengths and the machine change (2 CPU workers, the HF
+    rollout, 1 epoch of 2 steps). verl's defaults make it GAE with a critic, n=1; the ref is never built (no KL)."""
+    import json
+
+    from rlx.config import load_config as load_base_config
+    from rlx.trainer.main_ppo import run, unused_section_notes
+    from test_verl_defaults import VERL_QUICKSTART
+
+    records = [{"question": f"Tom has {i} apples and buys {i + 1} more. How many apples?",
+                "answer": f"{i} + {i + 1} = <<{i}+{i + 1}={2 * i + 1}>>{2 * i + 1}\n#### {2 * i + 1}"}
+               for i in range(4)]
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    subprocess.run([sys.executable, "scripts/prepare_gsm8k.py", "--input_dir", str(tmp_path), "--output_dir",
+                    str(tmp_path / "gsm8k")], cwd=REPO, check=True, capture_output=True)
+    swap = {"data.train_files": f"{tmp_path}/gsm8k/train.parquet", "data.val_files": f"{tmp_path}/gsm8k/test.parquet",
+            "actor_rollout_ref.model.path": "builtin://tiny-qwen2", "critic.model.path": "builtin://tiny-qwen2",
+            "data.train_batch_size": "2", "actor_rollout_ref.actor.ppo_mini_batch_size": "2",
+            "data.max_prompt_length": "128", "data.max_response_length": "8",
+            "actor_rollout_ref.rollout.name": "hf", "trainer.n_gpus_per_node": "2", "trainer.total_epochs": "1"}
+    argv = [f"{k}={swap.get(k, v)}" for k, _, v in (a.partition("=") for a in VERL_QUICKSTART)]
+    argv += ["trainer.device=cpu", f"trainer.default_local_dir={tmp_path}/ckpt"]
+    cfg = load_base_config(argv)
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.actor_rollout_ref.rollout.n == 1
+    assert unused_section_notes(argv, cfg) == [
+        "rlx: note: actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu unused: no reference policy is built "
+        "(actor_rollout_ref.actor.use_kl_loss=False and algorithm.use_kl_in_reward=False)"]
+    trainer = run(cfg)  # the entry point's run: preflight, the worker groups on this Ray, fit, shutdown
+    assert trainer.use_critic and not trainer.use_ref
+    assert len(trainer.history) == 2  # 4 rows / 2 per batch, 1 epoch
+    for m in trainer.history:
+        assert "critic/vf_loss" in m and "critic/values/mean" in m and m["actor/grad_norm"] > 0, sorted(m)
+        assert "actor/kl_loss" not in m
+    assert "val/openai/gsm8k/reward/mean" in trainer.history[-1]  # validated at the end (test_freq > steps)

@@ -26,7 +26,8 @@ def _engine(strategy, offload: bool, param_offload: bool = False):
     from rlx.workers.engine.actor import ActorEngine
 
     torch.manual_seed(0)
-    model_cfg = ModelConfig(enable_gradient_checkpointing=True, enable_activation_offload=offload,
+    model_cfg = ModelConfig(path="builtin://tiny-qwen2", use_remove_padding=False,
+                            enable_gradient_checkpointing=True, enable_activation_offload=offload,
                             activation_offload=ActivationOffloadConfig(min_tensor_bytes=0, keep_last_layers=0))
     fsdp_cfg = FSDPConfig(param_offload=param_offload, optimizer_offload=param_offload)
     actor_cfg = ActorConfig(strategy=strategy, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2,

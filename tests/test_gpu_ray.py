@@ -5,8 +5,9 @@ the machine has them (the layout that once put two actor ranks on one GPU)."""
 import pytest
 import torch
 
-from rlx.config import load_config
 from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+from conftest import load_config  # the quickstart job's config
 
 pytestmark = pytest.mark.gpu
 

@@ -41,7 +41,7 @@ def test_fused_head_gradients_at_the_bf16_noise_floor():
 
 
 def _engine_logprobs_and_grads(over):
-    from rlx.config import load_config
+    from conftest import load_config  # the quickstart config
     from rlx.workers.engine.actor import ActorEngine
 
     torch.manual_seed(0)

@@ -12,11 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlx import checkpoint as ckpt
-from rlx.config import load_config
 from rlx.trainer import main_ppo
 from rlx.trainer.preflight import PreflightError, preflight
 
-from conftest import REPO
+from conftest import REPO, load_config  # load_config: the quickstart job's config
 
 
 def row(content="1+1", source="openai/gsm8k"):
@@ -163,7 +162,7 @@ def test_main_exits_2_before_ray(tmp_path, capsys, monkeypatch):
         raise AssertionError("Ray must not start")
 
     monkeypatch.setattr(main_ppo, "init_ray", no_ray)
-    assert main_ppo.main([f"data.train_files={tmp_path}/train.parquet"]) == 2
+    assert main_ppo.main(["--config-name", "quickstart", f"data.train_files={tmp_path}/train.parquet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rlx: the job cannot start (checked before Ray):\n")
     assert f"{tmp_path}/train.parquet" in err and "data.train_files" in err
@@ -171,7 +170,8 @@ def test_main_exits_2_before_ray(tmp_path, capsys, monkeypatch):
 
 def test_entry_point_exits_2_in_seconds(tmp_path):
     start = time.time()
-    proc = subprocess.run([sys.executable, "-m", "rlx.trainer.main_ppo", f"data.train_files={tmp_path}/t.parquet"],
+    proc = subprocess.run([sys.executable, "-m", "rlx.trainer.main_ppo", "--config-name", "quickstart",
+                           f"data.train_files={tmp_path}/t.parquet"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "data.train_files" in proc.stderr and "Traceback" not in proc.stderr

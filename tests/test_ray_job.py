@@ -33,7 +33,8 @@ if not os.path.exists(RAY_CLI):
 pytestmark = pytest.mark.slow
 JOB_TIMEOUT_S = 300
 JOB_ARGS = [
-    "trainer.total_training_steps=1", "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4",
+    "--config-name", "quickstart", "trainer.total_training_steps=1", "actor_rollout_ref.rollout.name=hf",
+    "data.train_batch_size=4",
     "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
     "trainer.val_before_train=False", "data.val_files=synthetic://digits/size:8/seed:1",
 ]

@@ -5,8 +5,9 @@ import shutil
 import pytest
 
 from test_e2e import SMALL
-from rlx.config import load_config
 from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+from conftest import load_config  # the quickstart job's config
 
 
 def run(overrides):

@@ -234,7 +234,7 @@ def test_dapo_overlong_penalty_follows_verl():
 def test_reward_manager_built_from_config(tmp_path):
     """reward_model.reward_manager picks the manager; the dapo keys of reward_kwargs configure it and are not
     passed to the score function; max_resp_len defaults to data.max_response_length."""
-    from rlx.config import load_config
+    from conftest import load_config  # the quickstart config
     from rlx.data.reward import build_reward_manager
 
     tok = build_byte_tokenizer()

@@ -44,9 +44,10 @@ def test_nan_reward_stops_the_run_naming_the_function(ray_local, tmp_path, capsy
     reward = tmp_path / "nan_reward.py"
     reward.write_text("def broken_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return float('nan')\n")
-    code = main(SMALL + ["actor_rollout_ref.rollout.name=hf", "trainer.val_before_train=False",
-                         f"custom_reward_function.path={reward}", "custom_reward_function.name=broken_score",
-                         f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.logger=console"])
+    code = main(["--config-name", "quickstart", *SMALL, "actor_rollout_ref.rollout.name=hf",
+                 "trainer.val_before_train=False", f"custom_reward_function.path={reward}",
+                 "custom_reward_function.name=broken_score", f"trainer.default_local_dir={tmp_path}/ckpt",
+                 "trainer.logger=console"])
     err = capsys.readouterr().err
     assert code == 1
     assert "rlx: training stopped: step 1: reward function broken_score" in err and str(reward) in err
@@ -59,7 +60,8 @@ def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
 
     root = tmp_path / "ckpt"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlx.trainer.main_ppo", *SMALL, "trainer.total_training_steps=100",
+        [sys.executable, "-m", "rlx.trainer.main_ppo", "--config-name", "quickstart", *SMALL,
+         "trainer.total_training_steps=100",
          "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.val_before_train=False",
          "actor_rollout_ref.rollout.name=hf", "trainer.logger=console", f"trainer.default_local_dir={root}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -8,9 +8,10 @@ import shutil
 import pytest
 import torch
 
-from rlx.config import load_config
 from rlx.config.schema import RolloutConfig
 from rlx.protocol import Batch
+
+from conftest import load_config  # the quickstart job's config
 
 
 def err(*overrides) -> str:
@@ -79,8 +80,9 @@ def _engine_args(device="cpu", trust_remote_code=False, **cfg):
 
 def test_vllm_engine_args_follow_the_config():
     args = _engine_args()
-    assert args["max_num_seqs"] == RolloutConfig().max_num_seqs == 1024  # the schema's default, not a code default
-    assert args["trust_remote_code"] is False and args["load_format"] == "dummy"  # verl's dummy_dtensor
+    assert args["max_num_seqs"] == RolloutConfig().max_num_seqs == 256  # the schema's (verl's), not a code default
+    assert args["trust_remote_code"] is False and args["load_format"] == "dummy"  # verl's default
+    assert _engine_args(load_format="dummy_dtensor")["load_format"] == "dummy"  # verl's older name of the same
     assert _engine_args(trust_remote_code=True)["trust_remote_code"] is True
     assert _engine_args(load_format="safetensors")["load_format"] == "safetensors"
     assert "load_format=" in err("actor_rollout_ref.rollout.load_format=megatron")
@@ -360,11 +362,13 @@ def test_engine_kwargs_of_another_engine_are_refused():
 
 
 def test_clip_ratio_sets_both_bounds_unless_they_are_given():
-    """verl's yaml sets clip_ratio_low/high to 0.2 as well, so clip_ratio alone changed nothing; in rlx they
-    default to null and follow clip_ratio."""
+    """As in verl, clip_ratio_low/high default to 0.2, so clip_ratio alone changes nothing; set to null they follow
+    clip_ratio."""
     from rlx.algos.core_algos import compute_policy_loss
 
-    actor = load_config(["actor_rollout_ref.actor.clip_ratio=0.5"]).actor_rollout_ref.actor
+    assert load_config(["actor_rollout_ref.actor.clip_ratio=0.5"]).actor_rollout_ref.actor.clip_ratio_low == 0.2
+    actor = load_config(["actor_rollout_ref.actor.clip_ratio=0.5", "actor_rollout_ref.actor.clip_ratio_low=null",
+                         "actor_rollout_ref.actor.clip_ratio_high=null"]).actor_rollout_ref.actor
     assert actor.clip_ratio_low is None and actor.clip_ratio_high is None
     ratio = torch.tensor([[1.4, 0.7]])  # inside a 0.5 clip range, outside a 0.2 one
     kw = dict(old_log_prob=torch.zeros(1, 2), log_prob=ratio.log(), advantages=torch.tensor([[1.0, -1.0]]),

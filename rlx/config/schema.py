@@ -22,28 +22,30 @@ from rlx.config.offload import ActivationOffloadConfig
 class DataConfig:
     tokenizer: Optional[str] = None
     """Tokenizer path; null uses the actor model's tokenizer."""
-    train_files: Any = "synthetic://digits/size:2048/seed:0"
-    """Parquet file(s) in verl's row format, or a built-in synthetic task `synthetic://<task>/size:N/seed:S`."""
-    val_files: Any = "synthetic://digits/size:64/seed:1"
+    train_files: Any = "~/data/rlhf/gsm8k/train.parquet"
+    """Parquet file(s) in verl's row format, or a built-in synthetic task `synthetic://<task>/size:N/seed:S`
+    (verl's default path; the quickstart config uses a synthetic task)."""
+    val_files: Any = "~/data/rlhf/gsm8k/test.parquet"
     """Validation parquet file(s) (same format)."""
     prompt_key: str = "prompt"
     """Column holding the chat messages of the prompt."""
     reward_fn_key: str = "data_source"
     """Column whose value picks the reward function (passed to it as `data_source`)."""
-    max_prompt_length: int = 16
+    max_prompt_length: int = 512
     """Prompts are left-padded to this many tokens."""
-    max_response_length: int = 16
+    max_response_length: int = 512
     """Maximum generated tokens per response."""
-    train_batch_size: int = 16
+    train_batch_size: int = 1024
     """Prompts per training step (each sampled rollout.n times)."""
     val_batch_size: Optional[int] = None
     """Prompts per validation batch; null means the whole validation set at once."""
-    return_raw_chat: bool = False
+    return_raw_chat: bool = True
     """Keep the raw chat messages in the batch."""
     shuffle: bool = True
     """Shuffle the training set each epoch."""
-    seed: int = 1
-    """Seed of the training-set shuffle."""
+    seed: Optional[int] = None
+    """Seed of the training-set shuffle (null: a fixed default seed, 0; verl's null is torch's fixed default
+    generator seed)."""
     filter_overlong_prompts: bool = False
     """Drop prompts longer than max_prompt_length when the dataset loads."""
     truncation: str = "error"
@@ -52,7 +54,7 @@ class DataConfig:
     """Format prompts with the tokenizer's chat template when it has one."""
     trust_remote_code: bool = False
     """Passed to the driver's tokenizer loader (as is actor_rollout_ref.model.trust_remote_code: either one)."""
-    dataloader_num_workers: int = 0
+    dataloader_num_workers: int = 8
     """verl key; prompts are tokenized up front, so rlx loads in the driver."""
     use_shm: bool = False
     """verl key (not supported yet)."""
@@ -108,8 +110,9 @@ class FusedKernelOptions:
 
 @dataclass
 class ModelConfig:
-    path: str = "builtin://tiny-qwen2"
-    """HF model directory, hub-style id already on disk, or builtin://tiny-qwen2."""
+    path: str = "~/models/deepseek-llm-7b-chat"
+    """HF model directory, hub-style id already on disk, or builtin://tiny-qwen2 (the default is verl's path:
+    set it)."""
     custom_chat_template: Optional[str] = None
     """A Jinja chat template that replaces the tokenizer's: the dataset formats prompts with it and the HF export
     of a checkpoint carries it."""
@@ -125,7 +128,7 @@ class ModelConfig:
     """Knobs of the activation offload (only read when enable_activation_offload is true)."""
     trust_remote_code: bool = False
     """Passed to the HF loaders (model, tokenizer, vLLM engine)."""
-    use_remove_padding: bool = False
+    use_remove_padding: bool = True
     """Run the actor and ref forward passes on the valid tokens only, packed into one row per micro-batch with
     position_ids restarting at each sequence; attention never crosses sequences (flash-attn varlen where it is
     installed on CUDA, else PyTorch SDPA per sequence)."""
@@ -197,12 +200,13 @@ class PolicyLossConfig:
 class ActorConfig:
     strategy: str = "fsdp2"
     """Training backend: fsdp (FSDP1) | fsdp2 (fully_shard)."""
-    ppo_mini_batch_size: int = 8
+    ppo_mini_batch_size: int = 256
     """Prompts per optimizer step (multiplied by rollout.n), before dividing across ranks."""
     ppo_micro_batch_size: Optional[int] = None
     """verl key (deprecated global micro-batch); use ppo_micro_batch_size_per_gpu."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = 8
-    """Sequences per forward/backward on each rank (gradient accumulation inside a mini-batch)."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per forward/backward on each rank (gradient accumulation inside a mini-batch); required unless
+    use_dynamic_bsz (verl has no default either)."""
     use_dynamic_bsz: bool = False
     """Form micro-batches by a token budget (ppo_max_token_len_per_gpu) instead of a row count, balanced across
     them; gradients are accumulated exactly whatever the split."""
@@ -211,10 +215,11 @@ class ActorConfig:
     grad_clip: float = 1.0
     """Max global gradient norm."""
     clip_ratio: float = 0.2
-    """PPO clip range: the lower and upper one unless clip_ratio_low / clip_ratio_high set them."""
-    clip_ratio_low: Optional[float] = None
+    """PPO clip range: the lower and upper one where clip_ratio_low / clip_ratio_high are null (both default to 0.2,
+    as in verl, so clip_ratio alone changes nothing there either)."""
+    clip_ratio_low: Optional[float] = 0.2
     """Lower clip range (null: clip_ratio)."""
-    clip_ratio_high: Optional[float] = None
+    clip_ratio_high: Optional[float] = 0.2
     """Upper clip range (clip-higher; null: clip_ratio)."""
     clip_ratio_c: float = 3.0
     """Dual-clip constant for negative advantages (> 1)."""
@@ -234,8 +239,8 @@ class ActorConfig:
     """Passes over each batch."""
     shuffle: bool = False
     """Shuffle mini-batches between PPO epochs."""
-    data_loader_seed: Optional[int] = None
-    """Seed of that shuffle."""
+    data_loader_seed: Optional[int] = 42
+    """Seed of that shuffle (null: 0)."""
     ulysses_sequence_parallel_size: int = 1
     """verl key (sequence parallelism is not supported yet)."""
     use_torch_compile: bool = True
@@ -247,8 +252,8 @@ class ActorConfig:
     checkpoint: CheckpointContents = field(default_factory=lambda: CheckpointContents(
         save_contents=["model", "optimizer", "extra", "hf_model"]))
     """Checkpoint contents (rlx's actor default adds hf_model to verl's: an HF export at every save)."""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
-    """Optimizer (the default lr suits the built-in tiny model; verl recipes use ~1e-6 for real LLMs)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer (lr 1e-6, verl's; the quickstart config's tiny model uses 3e-3)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP settings of the actor."""
 
@@ -263,13 +268,14 @@ class RefConfig:
     """verl key; rlx never compiles (see actor.use_torch_compile)."""
     log_prob_micro_batch_size: Optional[int] = None
     """verl key (deprecated); use log_prob_micro_batch_size_per_gpu."""
-    log_prob_micro_batch_size_per_gpu: Optional[int] = 16
-    """Sequences per reference log-prob forward on each rank."""
-    log_prob_use_dynamic_bsz: bool = False
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per reference log-prob forward on each rank; required unless log_prob_use_dynamic_bsz."""
+    log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     """Form log-prob micro-batches by a token budget (log_prob_max_token_len_per_gpu); outputs keep the batch's
-    order."""
-    log_prob_max_token_len_per_gpu: int = 16384
-    """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz."""
+    order (follows actor.use_dynamic_bsz)."""
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
+    """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz (follows
+    actor.ppo_max_token_len_per_gpu)."""
     ulysses_sequence_parallel_size: int = 1
     """verl key (not supported yet)."""
     entropy_from_logits_with_chunking: bool = False
@@ -306,9 +312,9 @@ class RolloutConfig:
     """Top-p."""
     do_sample: bool = True
     """Sample (False: greedy)."""
-    n: int = 4
-    """Responses per prompt (GRPO/RLOO group size)."""
-    seed: int = 0
+    n: int = 1
+    """Responses per prompt (GRPO/RLOO group size: >= 2)."""
+    seed: int = 42
     """Base sampling seed (each rank adds its rank)."""
     prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
     """Follows data.max_prompt_length (any other value is an error: set data.max_prompt_length)."""
@@ -320,41 +326,42 @@ class RolloutConfig:
     """Fraction of GPU memory vLLM may take (weights + KV cache)."""
     ignore_eos: bool = False
     """Keep generating past EOS: every response is max_response_length tokens (EOS tokens included, unmasked)."""
-    enforce_eager: bool = True
+    enforce_eager: bool = False
     """Disable CUDA graphs in vLLM."""
     free_cache_engine: bool = True
     """Free the KV cache (vLLM sleep) between rollouts."""
-    load_format: str = "dummy_dtensor"
+    load_format: str = "dummy"
     """How the vLLM engine gets its first weights, before the sync from FSDP that precedes every generation:
     dummy_dtensor | dummy (verl's default: random, nothing read from disk) | auto | safetensors | pt (the
     checkpoint's files)."""
     layered_summon: bool = False
     """verl key (not supported yet)."""
-    tensor_model_parallel_size: int = 1
-    """vLLM tensor parallel size (must divide the world size)."""
+    tensor_model_parallel_size: int = 2
+    """vLLM tensor parallel size (must divide the world size; > 1 needs GPUs)."""
     max_num_batched_tokens: int = 8192
     """vLLM scheduler token budget."""
     max_model_len: Optional[int] = None
     """vLLM context length; null: max_prompt_length + max_response_length."""
-    max_num_seqs: int = 1024
+    max_num_seqs: int = 256
     """vLLM concurrent sequences."""
     log_prob_micro_batch_size: Optional[int] = None
     """verl key (deprecated); use log_prob_micro_batch_size_per_gpu."""
-    log_prob_micro_batch_size_per_gpu: Optional[int] = 16
-    """Sequences per old-log-prob forward on each rank."""
-    log_prob_use_dynamic_bsz: bool = False
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Sequences per old-log-prob forward on each rank; required unless log_prob_use_dynamic_bsz."""
+    log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     """Form log-prob micro-batches by a token budget (log_prob_max_token_len_per_gpu); outputs keep the batch's
-    order."""
-    log_prob_max_token_len_per_gpu: int = 16384
-    """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz."""
+    order (follows actor.use_dynamic_bsz)."""
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
+    """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz (follows
+    actor.ppo_max_token_len_per_gpu)."""
     disable_log_stats: bool = True
     """vLLM stats logging off."""
     enable_chunked_prefill: bool = True
     """vLLM chunked prefill."""
-    calculate_log_probs: bool = False
+    calculate_log_probs: bool = True
     """Return the rollout's log-probs (logs training/rollout_probs_diff_*)."""
-    engine_kwargs: dict = field(default_factory=lambda: {"vllm": {}})
-    """Extra keyword arguments for the engine."""
+    engine_kwargs: dict = field(default_factory=lambda: {"vllm": {}, "sglang": {}, "trtllm": {}})
+    """Extra keyword arguments for the engine, under vllm (verl's other engines' entries must stay empty)."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     """Sampling during validation."""
 
@@ -392,7 +399,7 @@ class CriticModelConfig:
     """Knobs of the activation offload."""
     trust_remote_code: bool = False
     """Passed to the HF loaders."""
-    use_remove_padding: bool = False
+    use_remove_padding: bool = True
     """Run the critic's forward passes on the valid tokens only, packed (see actor_rollout_ref.model)."""
     tile_mlp_tokens: int = 0
     """Run each decoder layer's MLP in tiles of this many tokens (0: off); see actor_rollout_ref.model."""
@@ -414,7 +421,7 @@ class CriticConfig:
     """Follows actor_rollout_ref.rollout.n."""
     strategy: str = "${actor_rollout_ref.actor.strategy}"
     """Training backend of the critic: fsdp | fsdp2."""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     """Critic optimizer."""
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     """The value model."""
@@ -428,12 +435,13 @@ class CriticConfig:
     """verl key (deprecated); use forward_micro_batch_size_per_gpu."""
     forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
     """Sequences per value forward on each rank."""
-    use_dynamic_bsz: bool = False
-    """Form the critic's micro-batches (update and values) by token budgets instead of row counts."""
+    use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    """Form the critic's micro-batches (update and values) by token budgets instead of row counts (follows
+    actor.use_dynamic_bsz)."""
     ppo_max_token_len_per_gpu: int = 32768
     """Token budget of one critic update micro-batch with use_dynamic_bsz."""
-    forward_max_token_len_per_gpu: int = 32768
-    """Token budget of one value-forward micro-batch with use_dynamic_bsz."""
+    forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
+    """Token budget of one value-forward micro-batch with use_dynamic_bsz (follows ppo_max_token_len_per_gpu)."""
     ulysses_sequence_parallel_size: int = 1
     """verl key (not supported yet)."""
     ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"  # type: ignore[assignment]
@@ -471,7 +479,7 @@ class RewardModelConfig:
     """A NaN or infinite score from the reward function: null stops the run with an error naming the function, the
     data_source and the sample; a number replaces the score (each replacement counted in
     reward/non_finite_count)."""
-    model: dict = field(default_factory=lambda: {"path": None})
+    model: dict = field(default_factory=lambda: {"path": None, "external_lib": None, "trust_remote_code": None})
     """verl key (reward models are not supported yet)."""
     micro_batch_size_per_gpu: Optional[int] = None
     """verl key (reward models are not supported yet)."""
@@ -503,7 +511,7 @@ class AlgorithmConfig:
     """Discount."""
     lam: float = 1.0
     """GAE lambda."""
-    adv_estimator: str = "grpo"
+    adv_estimator: str = "gae"
     """Advantage estimator: gae | grpo | rloo."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group std."""
@@ -522,15 +530,15 @@ class TrainerConfig:
     balance_batch: bool = True
     """Reorder each training batch so that every data-parallel rank gets the same number of rows and about the
     same number of tokens (verl's balance_batch; logs global_seqlen/*)."""
-    total_epochs: int = 1
+    total_epochs: int = 30
     """Epochs over the training set."""
-    total_training_steps: Optional[int] = 20
+    total_training_steps: Optional[int] = None
     """Stop after this many steps (null: total_epochs over the data)."""
-    project_name: str = "rlx"
+    project_name: str = "verl_examples"
     """Project name (loggers, checkpoint dir)."""
-    experiment_name: str = "default"
+    experiment_name: str = "gsm8k"
     """Experiment name (loggers, checkpoint dir)."""
-    logger: list = field(default_factory=lambda: ["console"])
+    logger: list = field(default_factory=lambda: ["console", "wandb"])
     """Loggers: console | file (metrics.jsonl under <default_local_dir>/logs) | tensorboard | wandb."""
     log_val_generations: int = 0
     """Validation samples (prompt, response, score) logged per validation, chosen as verl does (sorted, then
@@ -538,7 +546,7 @@ class TrainerConfig:
     val_generations record for file."""
     nnodes: int = 1
     """Nodes."""
-    n_gpus_per_node: int = 2
+    n_gpus_per_node: int = 8
     """Workers per node (GPUs, or CPU processes with device=cpu)."""
     device: str = "auto"
     """auto | cuda (nccl) | cpu (gloo). auto: cuda when the driver sees a GPU, else cpu (a driver joining a cluster
@@ -553,7 +561,7 @@ class TrainerConfig:
     """Validate before the first step."""
     val_only: bool = False
     """Only validate."""
-    test_freq: int = 10
+    test_freq: int = -1
     """Validate every N steps (-1: only before training and at the end)."""
     critic_warmup: int = 0
     """Steps that update only the critic."""
@@ -651,7 +659,7 @@ NOT_SUPPORTED: dict[str, Any] = {
     "critic.ulysses_sequence_parallel_size": 1,
     "reward_model.enable": False,
     "reward_model.strategy": "fsdp",
-    "reward_model.model": {"path": None},
+    "reward_model.model": {"path": None, "external_lib": None, "trust_remote_code": None},
     "reward_model.micro_batch_size_per_gpu": None,
     "reward_model.launch_reward_fn_async": False,
     "algorithm.use_pf_ppo": False,
@@ -692,4 +700,34 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     "actor_rollout_ref.model.exclude_modules": "inert without model.lora_rank > 0 (refused), as in verl",
     "critic.model.lora_alpha": "inert without critic.model.lora_rank > 0 (refused), as in verl",
     "critic.model.target_modules": "inert without critic.model.lora_rank > 0 (refused), as in verl",
+}
+
+
+# The keys whose rlx default is not verl 0.9.1's (every other key shared with verl has verl's default; the test
+# tests/test_verl_defaults.py holds verl's values). Each one changes speed, memory or what is written to disk, never
+# what is trained; README.md shows this list. Values are {key: (rlx default, verl default, reason)}.
+VERL_DEFAULT_EXCEPTIONS: dict[str, tuple[Any, Any, str]] = {
+    "actor_rollout_ref.actor.strategy": (
+        "fsdp2", "fsdp", "FSDP2 (fully_shard) shards the same model and computes the same gradients as FSDP1, with "
+        "less memory and CPU offload of the optimizer step (fsdp_config.offload_policy); fsdp stays available"),
+    "actor_rollout_ref.ref.strategy": (
+        "fsdp2", "fsdp", "follows actor.strategy, as in verl (verl's resolves to fsdp)"),
+    "critic.strategy": (
+        "fsdp2", "fsdp", "follows actor.strategy (verl's is a literal fsdp); FSDP1 and FSDP2 compute the same values"),
+    "actor_rollout_ref.model.use_fused_kernels": (
+        True, False, "the fused log-prob head computes the same log-probs and entropy in chunks of tokens, never "
+        "holding [tokens, vocab] logits (~1.8 MB per token on a 152k vocabulary): memory only"),
+    "actor_rollout_ref.actor.checkpoint.save_contents": (
+        ["model", "optimizer", "extra", "hf_model"], ["model", "optimizer", "extra"],
+        "adds an HF-format export of the actor to every checkpoint (disk and save time; verl converts offline); "
+        "what is trained and resumed is the same"),
+    "actor_rollout_ref.rollout.name": (
+        "auto", "???", "verl has no default (it must be given); auto picks vllm when it imports, else hf: the engine "
+        "changes speed, not the sampling distribution"),
+    "actor_rollout_ref.rollout.mode": (
+        "sync", "async", "rlx generates with a colocated engine in sync mode only (async is refused); for a "
+        "single-turn rollout that changes scheduling, not what is sampled"),
+    "trainer.device": (
+        "auto", "cuda", "auto is cuda when the driver sees a GPU (verl's value) and cpu otherwise, where verl cannot "
+        "run at all"),
 }

@@ -210,7 +210,8 @@ def _check_rollout(cfg, errors):
         errors.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the world size {ws} "
                       f"(trainer.nnodes * trainer.n_gpus_per_node).")
     if tp > 1 and cfg.trainer.device == "cpu":
-        errors.append("actor_rollout_ref.rollout.tensor_model_parallel_size > 1 needs GPUs (trainer.device=cuda).")
+        errors.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} needs GPUs (trainer.device=cuda). "
+                      f"Fix: actor_rollout_ref.rollout.tensor_model_parallel_size=1.")
     engine_kwargs = r.engine_kwargs or {}
     if "vllm" in engine_kwargs:  # verl's layout {vllm: {...}, sglang: {...}}: rlx's engine is vLLM
         for other, value in engine_kwargs.items():

@@ -253,12 +253,12 @@ class PromptLoader:
     ``(seed, e)``, so a restored ``state_dict()`` (epoch, position, seed) continues with the very next batch.
     """
 
-    def __init__(self, dataset, batch_size: int | None, shuffle: bool = True, seed: int = 0,
+    def __init__(self, dataset, batch_size: int | None, shuffle: bool = True, seed: int | None = 0,
                  drop_last: bool = True):
         self.dataset = dataset
         self.batch_size = len(dataset) if batch_size is None else int(batch_size)
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
+        self.seed = 0 if seed is None else int(seed)  # data.seed=null: a fixed default seed
         self.drop_last = bool(drop_last)
         if self.batch_size <= 0:
             raise ValueError(f"batch size must be positive (got {self.batch_size})")

@@ -28,7 +28,8 @@ class CliArgs:
     config_dir: str | None = None
     """--config-path/-cp: a directory with the user's own YAML."""
     config_name: str = "ppo_trainer"
-    """--config-name/-cn: the YAML file (without .yaml) to compose."""
+    """--config-name/-cn: the YAML file (without .yaml) to compose: ppo_trainer (verl's defaults) or quickstart
+    (rlx's small default job, what `make run` runs)."""
     cfg: str | None = None
     """--cfg/-c job|hydra|all: print the composed config and exit, as a Hydra app does."""
     resolve: bool = False
@@ -111,6 +112,7 @@ def usage() -> str:
     lines += ["",
               "Every key, with its default and a comment: " + str(CONFIG_DIR / "ppo_trainer.yaml"),
               "(rlx/trainer/config/ppo_trainer.yaml in the repository; README.md, section Configuration).",
+              "Its defaults are verl's; rlx's small ready-to-run job is --config-name quickstart (quickstart.yaml).",
               "The composed config of a command line: add --cfg job.",
               "",
               "== Flags ==",
@@ -119,7 +121,8 @@ def usage() -> str:
               "  --resolve                  with --cfg: resolve ${...} interpolations",
               "  --package, -p KEY          with --cfg: print only that node (e.g. -p actor_rollout_ref.rollout)",
               "  --config-path, -cp DIR     directory of your own YAML config (default: rlx's)",
-              "  --config-name, -cn NAME    the config to compose, without .yaml (default: ppo_trainer)",
+              "  --config-name, -cn NAME    the config to compose, without .yaml (default: ppo_trainer, verl's",
+              "                             defaults; quickstart: rlx's tiny GRPO job, what `make run` runs)",
               "  --help, -h                 this help"]
     return "\n".join(lines)
 
@@ -158,6 +161,29 @@ def print_config(args: CliArgs) -> None:
             load_config(args.overrides, args.config_dir, args.config_name)
         except ValueError as e:
             print(f"rlx: note: a run with this config would stop before it starts:\n{e}", file=sys.stderr)
+
+
+def unused_section_notes(overrides: list[str], cfg: RLXConfig) -> list[str]:
+    """One line per section whose keys the command line sets but this job never builds: critic.* when the
+    estimator trains no critic (anything but gae), actor_rollout_ref.ref.* when no reference policy is built
+    (neither actor.use_kl_loss nor algorithm.use_kl_in_reward). Nothing is refused: verl accepts them too."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from rlx.config.loader import parse_override
+
+    parser = OverridesParser.create()
+    keys = list(dict.fromkeys(parse_override(parser, raw).key_or_group for raw in overrides))
+    notes = []
+    estimator = cfg.algorithm.adv_estimator
+    critic_keys = [k for k in keys if k.startswith("critic.")]
+    if critic_keys and estimator != "gae":
+        notes.append(f"rlx: note: {', '.join(critic_keys)} unused: algorithm.adv_estimator={estimator} trains no "
+                     f"critic (only gae does)")
+    ref_keys = [k for k in keys if k.startswith("actor_rollout_ref.ref.")]
+    if ref_keys and not (cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
+        notes.append(f"rlx: note: {', '.join(ref_keys)} unused: no reference policy is built "
+                     f"(actor_rollout_ref.actor.use_kl_loss=False and algorithm.use_kl_in_reward=False)")
+    return notes
 
 
 def choose_rollout(cfg: RLXConfig) -> str:
@@ -286,6 +312,14 @@ def run(cfg: RLXConfig, inputs: DriverInputs | None = None):
     return trainer
 
 
+def _base_config_hint(args: CliArgs) -> str:
+    """After an error of a job on the base config (verl's defaults): where rlx's ready-to-run job is."""
+    if args.config_dir is not None or args.config_name != "ppo_trainer":
+        return ""
+    return ("\n(The base config has verl's defaults: set the model, the data and the per-GPU batch sizes as a verl "
+            "command does. rlx's small ready-to-run job: --config-name quickstart, or `make run`.)")
+
+
 def main(argv: list[str] | None = None) -> int:
     from rlx.config import load_config
     from rlx.config.loader import OverrideParseError
@@ -311,16 +345,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlx: {e}", file=sys.stderr)
         return 2
     except ValueError as e:
-        print(f"rlx: config error\n{e}", file=sys.stderr)
+        print(f"rlx: config error\n{e}{_base_config_hint(args)}", file=sys.stderr)
         return 2
     from rlx.checkpoint import DamagedCheckpointError
     from rlx.trainer.ppo_trainer import TrainingStopped
     from rlx.trainer.preflight import PreflightError, preflight
 
+    for note in unused_section_notes(args.overrides, cfg):  # said once, before Ray starts
+        print(note, file=sys.stderr, flush=True)
     try:
         inputs = preflight(cfg)
     except PreflightError as e:
-        print(f"rlx: {e}", file=sys.stderr)
+        print(f"rlx: {e}{_base_config_hint(args)}", file=sys.stderr)
         return 2
     try:
         run(cfg, inputs)
