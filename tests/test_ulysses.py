@@ -159,3 +159,41 @@ def test_sp2_matches_sp1(strategy):
 def test_sp4_gqa_repeats_kv_heads():
     """4 ranks: sp=4 (2 KV heads repeated) and sp=2 against sp=1, with offload, tiling and the fused head."""
     _spawn(_exactness_worker, 4, "fsdp2", (2, 4), [("offload+ckpt+tile+fused", LONG, None)])
+
+
+def _memory_worker(rank, world, port, out_file):
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        from rlx.workers.engine.actor import ActorEngine
+
+        rows = lengths_batch([6] * 4, [120, 100, 110, 90], resp=120)  # 466 tokens, one micro-batch
+        got = {}
+        for sp in (1, 2):
+            cfg = _cfg("fsdp2", COMMON + ["actor_rollout_ref.model.enable_activation_offload=True",
+                                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                                          "actor_rollout_ref.actor.ppo_mini_batch_size=2"])
+            arr = cfg.actor_rollout_ref
+            torch.manual_seed(0)
+            # at sp=1 every rank runs all 4 rows (world_size=1 data parallel group's share), at sp=2 a half each
+            e = ActorEngine(role="actor", model_cfg=arr.model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
+                            strategy="fsdp2", device=torch.device("cpu"), world_size=sp, rollout_n=2,
+                            temperature=1.0, sp_size=sp)
+            e.update_policy(rows)
+            got[sp] = e.offloader.stats()["offloaded_bytes_last_step"]
+        if rank == 0:
+            torch.save(got, out_file)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_sp2_halves_saved_activations_per_rank(tmp_path):
+    """The activations the offload saw saved by the decoder layers (parameters excluded by storage), per rank,
+    for the same 466-token micro-batch: SP=2 about half of SP=1 (each rank holds 233 tokens)."""
+    out = str(tmp_path / "mem.pt")
+    _spawn(_memory_worker, 2, out)
+    got = torch.load(out)
+    ratio = got[2] / got[1]
+    print(f"saved activation bytes per rank: sp=1 {got[1] / 2**20:.2f} MiB, sp=2 {got[2] / 2**20:.2f} MiB, "
+          f"ratio {ratio:.3f}")
+    assert got[1] > 2**20 and 0.45 <= ratio <= 0.55, got

@@ -82,6 +82,10 @@ def all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> tor
     return _AllToAll.apply(x, group, scatter_dim, gather_dim)
 
 
+# torch 2.13 renames all_gather_into_tensor (deprecated there); 2.11 has only the old name
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class _GatherSlices(torch.autograd.Function):
     """Concatenate each rank's `[n, ...]` slice (equal sizes) in rank order; backward keeps the own slice's
     gradient (every rank of the group computes the same loss from the gathered tensor)."""
@@ -91,7 +95,7 @@ class _GatherSlices(torch.autograd.Function):
         sp, rank = dist.get_world_size(group), dist.get_rank(group)
         ctx.group, ctx.rank, ctx.n = group, rank, x.shape[0]
         out = torch.empty((sp * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        _all_gather_single(out, x.contiguous(), group=group)
         return out
 
     @staticmethod
