@@ -112,17 +112,16 @@ def _compare(case, got, ref, losses_got, losses_ref, per_rank_ref):
         for n in a:
             worst = max(worst, _worst(a[n], b[n]))
     for k in losses_ref:
-        # metrics are per rank: a loss term is the mini-batch's share on this rank; summed over the world each
-        # counts every token once at SP=1, and `sp` times at SP=sp (the ranks of a group report the same value)
+        # a loss metric is this rank's share of the mini-batch's loss; summed over ranks, the same at any sp
         worst = max(worst, abs(losses_got[k] - losses_ref[k]) / max(abs(losses_ref[k]), 1e-12))
     WORST[case] = worst
     assert worst <= TOL, f"{case}: worst relative difference {worst:.3g}"
 
 
-def _summed_losses(losses, sp):
+def _summed_losses(losses):
     t = torch.tensor([losses[k] for k in sorted(losses)], dtype=torch.float64)
     torch.distributed.all_reduce(t)
-    return {k: float(v) / sp for k, v in zip(sorted(losses), t)}
+    return {k: float(v) for k, v in zip(sorted(losses), t)}
 
 
 def _exactness_worker(rank, world, port, strategy, sps, cases):
@@ -132,10 +131,10 @@ def _exactness_worker(rank, world, port, strategy, sps, cases):
         batch = lengths_batch(**BATCH)
         for name, over, dyn_forward in cases:
             ref = _run(strategy, over, 1, world, batch, dyn_forward)
-            ref_losses = _summed_losses(ref[5], 1)
+            ref_losses = _summed_losses(ref[5])
             for sp in sps:
                 got = _run(strategy, over, sp, world, batch, dyn_forward)
-                _compare(f"{strategy} sp={sp} {name}", got, ref, _summed_losses(got[5], sp), ref_losses, ref[0])
+                _compare(f"{strategy} sp={sp} {name}", got, ref, _summed_losses(got[5]), ref_losses, ref[0])
         if rank == 0:
             print("ULYSSES WORST", WORST)
     finally:
@@ -197,3 +196,60 @@ def test_sp2_halves_saved_activations_per_rank(tmp_path):
     print(f"saved activation bytes per rank: sp=1 {got[1] / 2**20:.2f} MiB, sp=2 {got[2] / 2**20:.2f} MiB, "
           f"ratio {ratio:.3f}")
     assert got[1] > 2**20 and 0.45 <= ratio <= 0.55, got
+
+
+# ---- validation (before Ray starts) ----------------------------------------------------------------------------
+A, R, C = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+           "critic.ulysses_sequence_parallel_size")
+SP_OK = ["trainer.device=cpu", "trainer.n_gpus_per_node=4", "data.train_batch_size=8",
+         "actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True",
+         "actor_rollout_ref.actor.use_kl_loss=True", "algorithm.adv_estimator=gae"]
+
+
+def _errors(over) -> str:
+    from rlx.config import load_config
+
+    with pytest.raises(ValueError) as e:
+        load_config(SP_OK + list(over))
+    return str(e.value)
+
+
+def test_sp_config_accepted():
+    from rlx.config import load_config
+
+    cfg = load_config(SP_OK + [f"{A}=2", f"{R}=4", f"{C}=2"])
+    assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
+
+
+@pytest.mark.parametrize("key", [A, R, C])
+def test_sp_must_divide_world_size(key):
+    msg = _errors([f"{key}=3", "actor_rollout_ref.model.override_config.num_attention_heads=6",
+                   "critic.model.override_config.num_attention_heads=6"])
+    assert f"{key}=3 must divide the world size 4" in msg and "trainer.n_gpus_per_node" in msg, msg
+
+
+@pytest.mark.parametrize("key,model", [(A, "actor_rollout_ref.model"), (R, "actor_rollout_ref.model"),
+                                       (C, "critic.model")])
+def test_sp_needs_remove_padding(key, model):
+    msg = _errors([f"{key}=2", f"{model}.use_remove_padding=False"])
+    assert f"{key}=2 shards the packed" in msg and f"Fix: {model}.use_remove_padding=True" in msg, msg
+
+
+def test_sp_must_divide_attention_heads_and_fit_kv_heads():
+    msg = _errors([f"{C}=4", "critic.model.override_config.num_attention_heads=6"])
+    assert f"{C}=4 must divide the model's num_attention_heads=6" in msg, msg
+    msg = _errors([f"{A}=4", "trainer.n_gpus_per_node=8", "actor_rollout_ref.model.override_config.num_attention_heads=8",
+                   "actor_rollout_ref.model.override_config.num_key_value_heads=6"])
+    assert f"{A}=4 and the model's num_key_value_heads=6" in msg, msg
+
+
+def test_sp_mini_batch_splits_over_data_parallel_groups():
+    from rlx.config import load_config
+
+    # 4 ranks, sp=2: 2 groups; 3 prompts x n=2 = 6 sequences split over 2 groups, not over 4 ranks
+    ok = ["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "critic.ppo_mini_batch_size=3",
+          "actor_rollout_ref.rollout.n=2"]
+    load_config(SP_OK + ok + [f"{A}=2", f"{C}=2"])
+    msg = _errors(ok + [f"{A}=1", f"{C}=2"])
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n = 3*2 = 6 sequences must divide across world" \
+        in msg and "critic.ppo_mini_batch_size" not in msg, msg

@@ -196,8 +196,8 @@ class FSDPEngine:
                     with self.micro_batch_context():
                         loss, shares, means = loss_fn(mb, norm)
                         loss.backward()
-                    for k, v in shares.items():
-                        summed[k] = summed.get(k, 0.0) + float(v)
+                    for k, v in shares.items():  # the sp ranks of a group report the group's loss sp times
+                        summed[k] = summed.get(k, 0.0) + float(v) / self.sp
                     for k, v in means.items():
                         add(k, v)
                 for k, v in summed.items():
