@@ -104,18 +104,14 @@ def _compare(case, got, ref, losses_got, losses_ref, per_rank_ref):
     torch.distributed.all_gather_object(gathered, per_rank_ref)
     full = {k: torch.cat([g[k] for g in gathered]) for k in per_rank_ref}
     mine = {k: v.chunk(dp_sp)[dp_rank_sp] for k, v in full.items()}
-    worst = 0.0
-    for k in mine:
-        worst = max(worst, _worst(out_sp[k], mine[k]))
-    for what, a, b in (("actor", got[3], ref[3]), ("critic", got[4], ref[4])):
+    worst = {k: _worst(out_sp[k], mine[k]) for k in mine}  # log_probs, entropys, values
+    for what, a, b in (("actor grads", got[3], ref[3]), ("critic grads", got[4], ref[4])):
         assert a.keys() == b.keys() and a, what
-        for n in a:
-            worst = max(worst, _worst(a[n], b[n]))
-    for k in losses_ref:
-        # a loss metric is this rank's share of the mini-batch's loss; summed over ranks, the same at any sp
-        worst = max(worst, abs(losses_got[k] - losses_ref[k]) / max(abs(losses_ref[k]), 1e-12))
-    WORST[case] = worst
-    assert worst <= TOL, f"{case}: worst relative difference {worst:.3g}"
+        worst[what] = max(_worst(a[n], b[n]) for n in a)
+    # a loss metric is this rank's share of the mini-batch's loss; summed over ranks, the same at any sp
+    worst["losses"] = max(abs(losses_got[k] - losses_ref[k]) / max(abs(losses_ref[k]), 1e-12) for k in losses_ref)
+    WORST[case] = {k: f"{v:.1e}" for k, v in worst.items()}
+    assert max(worst.values()) <= TOL, f"{case}: worst relative differences {WORST[case]}"
 
 
 def _summed_losses(losses):
