@@ -220,8 +220,8 @@ def worker(a):
     import torch
 
     from rlx.config import load_config
-    from rlx.workers.engine.fsdp import init_distributed
-    from rlx.workers.engine.packing import micro_batches
+    from rlx.engine.fsdp import init_distributed
+    from rlx.engine.packing import micro_batches
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     s = parse_scheme(a.scheme, a)
@@ -245,12 +245,12 @@ def worker(a):
     cfg = load_config(ov, validate=False)
     t0 = time.perf_counter()
     if s.critic:
-        from rlx.workers.engine.critic import CriticEngine
+        from rlx.engine.critic import CriticEngine
 
         engine = CriticEngine(critic_cfg=cfg.critic, device=dev, world_size=s.sp)
         update, prefix = engine.update_critic, "critic"
     else:
-        from rlx.workers.engine.actor import ActorEngine
+        from rlx.engine.actor import ActorEngine
 
         arr = cfg.actor_rollout_ref
         engine = ActorEngine(role="actor", model_cfg=arr.model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,

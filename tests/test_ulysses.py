@@ -56,8 +56,8 @@ DYN = ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.
 
 
 def _engines(strategy, over, sp, world):
-    from rlx.workers.engine.actor import ActorEngine
-    from rlx.workers.engine.critic import CriticEngine
+    from rlx.engine.actor import ActorEngine
+    from rlx.engine.critic import CriticEngine
 
     cfg = _cfg(strategy, COMMON + list(over) + [f"trainer.n_gpus_per_node={world}",
                                                 f"critic.ulysses_sequence_parallel_size={sp}"])
@@ -160,7 +160,7 @@ def _memory_worker(rank, world, port, out_file):
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
-        from rlx.workers.engine.actor import ActorEngine
+        from rlx.engine.actor import ActorEngine
 
         rows = lengths_batch([6] * 4, [120, 100, 110, 90], resp=120)  # 466 tokens, one micro-batch
         got = {}

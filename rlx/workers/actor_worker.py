@@ -16,7 +16,7 @@ log = logging.getLogger("rlx")
 
 class ActorRolloutRefWorker(Worker):
     def init_model(self, total_steps: int, rollout_name: str) -> None:
-        from rlx.workers.engine.actor import ActorEngine
+        from rlx.engine.actor import ActorEngine
 
         arr = self.cfg.actor_rollout_ref
         self.use_ref = arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
@@ -61,7 +61,7 @@ class ActorRolloutRefWorker(Worker):
     # ---- the steps the driver calls ----------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Sync the FSDP weights into the rollout engine, generate, free the engine's cache."""
-        from rlx.workers.engine.weights import iter_full_params
+        from rlx.engine.weights import iter_full_params
 
         with self.actor.phase():
             self.rollout.sync_weights(iter_full_params(self.actor.module))
@@ -105,7 +105,7 @@ class ActorRolloutRefWorker(Worker):
 
     def param_checksum(self) -> float:
         """Sum of squares of all actor weights (collective): lets tests see that training changed them."""
-        from rlx.workers.engine.weights import iter_full_params
+        from rlx.engine.weights import iter_full_params
 
         with self.actor.phase():
             return float(sum(t.double().pow(2).sum() for _, t in iter_full_params(self.actor.module)))

@@ -9,7 +9,7 @@ from rlx.workers.group import ResourcePool, WorkerGroup
 
 class CriticWorker(Worker):
     def init_model(self, total_steps: int) -> None:
-        from rlx.workers.engine.critic import CriticEngine
+        from rlx.engine.critic import CriticEngine
 
         self.critic = CriticEngine(critic_cfg=self.cfg.critic, device=self.device, world_size=self.world_size,
                                    total_steps=total_steps)

@@ -8,7 +8,7 @@ import torch
 from rlx.algos import core_algos
 from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig
 from rlx.protocol import Batch
-from rlx.workers.engine.base import FSDPEngine, UpdateSpec
+from rlx.engine.base import FSDPEngine, UpdateSpec
 
 
 class ActorEngine(FSDPEngine):

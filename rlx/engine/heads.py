@@ -112,7 +112,7 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int]) -> 
         if sp_index is None:
             return out
         # Ulysses: this rank scored the tokens of its slice; every rank of the group gets all of them, in order
-        from rlx.workers.engine.ulysses import gather_scored
+        from rlx.engine.ulysses import gather_scored
 
         def gather(t):
             return None if t is None else gather_scored(t, index, local_len, sp_index, model._rlx_sp_group)

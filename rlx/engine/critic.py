@@ -6,7 +6,7 @@ import torch
 from rlx.algos import core_algos
 from rlx.config.schema import CriticConfig
 from rlx.protocol import Batch
-from rlx.workers.engine.base import FSDPEngine, UpdateSpec
+from rlx.engine.base import FSDPEngine, UpdateSpec
 
 
 class CriticEngine(FSDPEngine):

@@ -13,9 +13,9 @@ import torch.distributed as dist
 from rlx.algos import core_algos
 from rlx.config.schema import CriticModelConfig, FSDPConfig, ModelConfig, OptimConfig
 from rlx.protocol import Batch
-from rlx.workers.engine import fsdp as F
-from rlx.workers.engine.heads import apply_token_head, packed_attn_implementation
-from rlx.workers.engine.packing import micro_batches, restore_order, token_inputs
+from rlx.engine import fsdp as F
+from rlx.engine.heads import apply_token_head, packed_attn_implementation
+from rlx.engine.packing import micro_batches, restore_order, token_inputs
 
 log = logging.getLogger("rlx")
 
@@ -37,7 +37,7 @@ class FSDPEngine:
         self.sp = sp_size
         self.sp_group = self.sp_rank = None
         if sp_size > 1:
-            from rlx.workers.engine import ulysses
+            from rlx.engine import ulysses
 
             if not self.remove_padding:
                 raise ValueError(f"{sp_key}={sp_size} shards the packed (remove-padding) sequence; set "

@@ -130,7 +130,7 @@ def token_inputs(mb: Batch, device: torch.device, remove_padding: bool,
         kwargs = dict(input_ids=input_ids, position_ids=pos, attention_mask=mask)
     kwargs.update(index=index, targets=targets)
     if sp is not None and sp[1] > 1:
-        from rlx.workers.engine.ulysses import shard_packed
+        from rlx.engine.ulysses import shard_packed
 
         assert remove_padding, "sequence parallelism shards the packed row (use_remove_padding=True)"
         kwargs = shard_packed(kwargs["input_ids"], kwargs["position_ids"], kwargs["cu_seq_lens"], index, targets,
