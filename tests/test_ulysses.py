@@ -55,7 +55,7 @@ DYN = ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.
        "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=20", "critic.forward_max_token_len_per_gpu=20"]
 
 
-def _engines(strategy, over, sp, world):
+def _engines(strategy, over, sp, world, device):
     from rlx.engine.actor import ActorEngine
     from rlx.engine.critic import CriticEngine
 
@@ -64,25 +64,25 @@ def _engines(strategy, over, sp, world):
     arr = cfg.actor_rollout_ref
     torch.manual_seed(0)
     actor = ActorEngine(role="actor", model_cfg=arr.model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
-                        strategy=strategy, device=torch.device("cpu"), world_size=world, rollout_n=2,
+                        strategy=strategy, device=device, world_size=world, rollout_n=2,
                         temperature=0.7, sp_size=sp)
     critic_over = [o.replace("actor_rollout_ref.model.", "critic.model.") for o in COMMON + list(over)
                    if "fused" not in o]
     cfg = _cfg(strategy, critic_over + [f"trainer.n_gpus_per_node={world}",
                                         f"critic.ulysses_sequence_parallel_size={sp}"])
     torch.manual_seed(0)
-    critic = CriticEngine(critic_cfg=cfg.critic, device=torch.device("cpu"), world_size=world)
+    critic = CriticEngine(critic_cfg=cfg.critic, device=device, world_size=world)
     return actor, critic
 
 
-def _run(strategy, over, sp, world, batch, dyn_forward):
+def _run(strategy, over, sp, world, batch, dyn_forward, device=torch.device("cpu")):
     """Outputs and gradients of one SP setting: this rank's rows are its data-parallel group's share."""
     rank = torch.distributed.get_rank()
     dp_rank, dp = rank // sp, world // sp
     rows = batch.chunk(dp)[dp_rank]
-    actor, critic = _engines(strategy, over, sp, world)
+    actor, critic = _engines(strategy, over, sp, world, device)
     out = dict(actor.compute_log_prob(rows, 3, with_entropy=True, max_token_len=dyn_forward).tensors)
-    out["values"] = critic.compute_values(rows)["values"]
+    out["values"] = critic.compute_values(rows)["values"]  # (both on the CPU: the engines' outputs)
     g_actor = _capture_grads(actor)
     m_actor = actor.update_policy(rows)
     g_critic = _capture_grads(critic)
@@ -102,12 +102,12 @@ def _compare(case, got, ref, losses_got, losses_ref, per_rank_ref):
     # the reference's outputs from every rank, in row order, then this SP group's rows
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, per_rank_ref)
-    full = {k: torch.cat([g[k] for g in gathered]) for k in per_rank_ref}
+    full = {k: torch.cat([g[k].cpu() for g in gathered]) for k in per_rank_ref}
     mine = {k: v.chunk(dp_sp)[dp_rank_sp] for k, v in full.items()}
     worst = {k: _worst(out_sp[k], mine[k]) for k in mine}  # log_probs, entropys, values
     for what, a, b in (("actor grads", got[3], ref[3]), ("critic grads", got[4], ref[4])):
         assert a.keys() == b.keys() and a, what
-        worst[what] = max(_worst(a[n], b[n]) for n in a)
+        worst[what] = max(_worst(a[n].cpu(), b[n].cpu()) for n in a)
     # a loss metric is this rank's share of the mini-batch's loss; summed over ranks, the same at any sp
     worst["losses"] = max(abs(losses_got[k] - losses_ref[k]) / max(abs(losses_ref[k]), 1e-12) for k in losses_ref)
     WORST[case] = {k: f"{v:.1e}" for k, v in worst.items()}
@@ -115,21 +115,28 @@ def _compare(case, got, ref, losses_got, losses_ref, per_rank_ref):
 
 
 def _summed_losses(losses):
-    t = torch.tensor([losses[k] for k in sorted(losses)], dtype=torch.float64)
+    dev = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([losses[k] for k in sorted(losses)], dtype=torch.float64, device=dev)
     torch.distributed.all_reduce(t)
     return {k: float(v) for k, v in zip(sorted(losses), t)}
 
 
-def _exactness_worker(rank, world, port, strategy, sps, cases):
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _exactness_worker(rank, world, port, strategy, sps, cases, device_type="cpu"):
+    device = torch.device("cpu")
+    if device_type == "cuda":  # one GPU per rank, NCCL; fp32 (no TF32) so that the tolerance is the CPU one
+        torch.cuda.set_device(rank)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        device = torch.device("cuda", rank)
+    torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo",
+                                         init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
         batch = lengths_batch(**BATCH)
         for name, over, dyn_forward in cases:
-            ref = _run(strategy, over, 1, world, batch, dyn_forward)
+            ref = _run(strategy, over, 1, world, batch, dyn_forward, device)
             ref_losses = _summed_losses(ref[5])
             for sp in sps:
-                got = _run(strategy, over, sp, world, batch, dyn_forward)
+                got = _run(strategy, over, sp, world, batch, dyn_forward, device)
                 _compare(f"{strategy} sp={sp} {name}", got, ref, _summed_losses(got[5]), ref_losses, ref[0])
         if rank == 0:
             print("ULYSSES WORST", WORST)
@@ -249,3 +256,12 @@ def test_sp_mini_batch_splits_over_data_parallel_groups():
     msg = _errors(ok + [f"{A}=1", f"{C}=2"])
     assert "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n = 3*2 = 6 sequences must divide across world" \
         in msg and "critic.ppo_mini_batch_size" not in msg, msg
+
+
+@pytest.mark.gpu
+def test_sp2_matches_sp1_on_two_gpus():
+    """The same exactness check on 2 GPUs over NCCL (fp32, FSDP2, offload + checkpointing + tiling + fused head);
+    needs 2 visible GPUs."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    _spawn(_exactness_worker, 2, "fsdp2", (2,), [("offload+ckpt+tile+fused+dyn", LONG + DYN, 20)], "cuda")

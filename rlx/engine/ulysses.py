@@ -115,8 +115,10 @@ def gather_scored(local: torch.Tensor, local_index: torch.Tensor, local_len: int
 
 # ---- attention -----------------------------------------------------------------------------------------------
 def _inner_attention(module, q, k, v, dropout: float, scaling, cu_seq_lens: torch.Tensor, longest: int):
-    """Causal attention per packed sequence over the whole row: q/k/v `[1, h, tokens, d]` -> `[1, tokens, h, d]`."""
-    if q.device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+    """Causal attention per packed sequence over the whole row: q/k/v `[1, h, tokens, d]` -> `[1, tokens, h, d]`;
+    flash-attn's varlen kernel where installed (CUDA, half precision), else PyTorch SDPA per sequence."""
+    if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) \
+            and importlib.util.find_spec("flash_attn") is not None:  # flash-attn's varlen kernel (half precision)
         from flash_attn import flash_attn_varlen_func
 
         cu = cu_seq_lens.to(device=q.device, dtype=torch.int32)
