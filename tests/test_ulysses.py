@@ -202,8 +202,8 @@ def test_sp2_halves_saved_activations_per_rank(tmp_path):
 
 
 # ---- validation (before Ray starts) ----------------------------------------------------------------------------
-A, R, C = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
-           "critic.ulysses_sequence_parallel_size")
+A, R, C = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+           "actor_rollout_ref.ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size")
 SP_OK = ["trainer.device=cpu", "trainer.n_gpus_per_node=4", "data.train_batch_size=8",
          "actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True",
          "actor_rollout_ref.actor.use_kl_loss=True", "algorithm.adv_estimator=gae"]
@@ -222,6 +222,9 @@ def test_sp_config_accepted():
 
     cfg = load_config(SP_OK + [f"{A}=2", f"{R}=4", f"{C}=2"])
     assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
+    assert cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size == 4
+    # the ref follows the actor unless set (verl's default)
+    assert load_config(SP_OK + [f"{A}=2"]).actor_rollout_ref.ref.ulysses_sequence_parallel_size == 2
 
 
 @pytest.mark.parametrize("key", [A, R, C])
@@ -241,7 +244,8 @@ def test_sp_needs_remove_padding(key, model):
 def test_sp_must_divide_attention_heads_and_fit_kv_heads():
     msg = _errors([f"{C}=4", "critic.model.override_config.num_attention_heads=6"])
     assert f"{C}=4 must divide the model's num_attention_heads=6" in msg, msg
-    msg = _errors([f"{A}=4", "trainer.n_gpus_per_node=8", "actor_rollout_ref.model.override_config.num_attention_heads=8",
+    msg = _errors([f"{A}=4", "trainer.n_gpus_per_node=8",
+                   "actor_rollout_ref.model.override_config.num_attention_heads=8",
                    "actor_rollout_ref.model.override_config.num_key_value_heads=6"])
     assert f"{A}=4 and the model's num_key_value_heads=6" in msg, msg
 

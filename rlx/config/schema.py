@@ -274,10 +274,11 @@ class RefConfig:
     order."""
     log_prob_max_token_len_per_gpu: int = 16384
     """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz."""
-    ulysses_sequence_parallel_size: int = 1
+    ulysses_sequence_parallel_size: int = \
+        "${actor_rollout_ref.actor.ulysses_sequence_parallel_size}"  # type: ignore[assignment]
     """Ulysses sequence parallelism of the reference model's log-prob forward (as
-    actor_rollout_ref.actor.ulysses_sequence_parallel_size; needs actor_rollout_ref.model.use_remove_padding=True).
-    1: off."""
+    actor_rollout_ref.actor.ulysses_sequence_parallel_size, which it follows unless set, as in verl; needs
+    actor_rollout_ref.model.use_remove_padding=True). 1: off."""
     entropy_from_logits_with_chunking: bool = False
     """verl key (not supported yet)."""
     entropy_checkpointing: bool = False

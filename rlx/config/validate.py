@@ -63,8 +63,8 @@ def model_config(model) -> dict:
     return {**out, **(model.override_config or {})}
 
 
-SP_ROLES = (("actor_rollout_ref.actor", "actor_rollout_ref.model"), ("actor_rollout_ref.ref", "actor_rollout_ref.model"),
-            ("critic", "critic.model"))
+SP_ROLES = (("actor_rollout_ref.actor", "actor_rollout_ref.model"),
+            ("actor_rollout_ref.ref", "actor_rollout_ref.model"), ("critic", "critic.model"))
 
 
 def _sp_roles(cfg):

@@ -47,7 +47,8 @@ class ActorEngine(FSDPEngine):
         """PPO clipped policy update (+ entropy bonus, + KL loss) over mini- and micro-batches."""
         cfg = self.actor_cfg
         need_entropy = cfg.entropy_coeff != 0
-        spec = UpdateSpec(prefix="actor", mini_size=cfg.ppo_mini_batch_size * self.rollout_n // (self.world_size // self.sp),
+        dp = self.world_size // self.sp  # the ranks of a sequence-parallel group share rows
+        spec = UpdateSpec(prefix="actor", mini_size=cfg.ppo_mini_batch_size * self.rollout_n // dp,
                           micro_size=cfg.ppo_micro_batch_size_per_gpu,
                           max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
                           epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, seed=cfg.data_loader_seed or 0,

@@ -28,7 +28,8 @@ class CriticEngine(FSDPEngine):
 
     def update_critic(self, batch: Batch) -> dict:
         cfg = self.critic_cfg
-        spec = UpdateSpec(prefix="critic", mini_size=cfg.ppo_mini_batch_size * cfg.rollout_n // (self.world_size // self.sp),
+        dp = self.world_size // self.sp  # the ranks of a sequence-parallel group share rows
+        spec = UpdateSpec(prefix="critic", mini_size=cfg.ppo_mini_batch_size * cfg.rollout_n // dp,
                           micro_size=cfg.ppo_micro_batch_size_per_gpu,
                           max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
                           epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, seed=0, grad_clip=cfg.grad_clip,
