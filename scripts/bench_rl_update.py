@@ -402,6 +402,7 @@ def run_child(a, scheme: str, points: list[int] | None = None, warmup_len: int =
         (["--warm-each"] if a.warm_each else [])
     sp = parse_scheme(scheme, a).sp
     if sp > 1:  # one process per GPU of this host, as torchrun starts them (it stops all when one fails)
+        env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as the workers run NCCL
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(sp),
                "--master-addr", "127.0.0.1", "--master-port", env["MASTER_PORT"]] + cmd[1:]
     if a.shaping:
