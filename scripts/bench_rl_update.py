@@ -47,7 +47,8 @@ to choose); tiny = rlx's builtin://tiny-qwen2 with lengths scaled down (a CPU sm
     python3 scripts/bench_rl_update.py --shape tiny --device cpu --shaping # CPU smoke test
     python3 scripts/bench_rl_update.py --cap-gib 80 --sp 2 --schemes offload_ckpt_fused_tile   # SP=1 vs SP=2
     python3 scripts/bench_rl_update.py --shape tiny --device cpu --sp 2    # CPU smoke test of SP (gloo)
-With --sp N every scheme also runs as `<scheme>_spN` (N GPUs of one host: FSDP2 over them, one Ulysses group).
+With --sp N every scheme runs as `<scheme>_rmpad` (SP=1, one GPU) and `<scheme>_rmpad_spN` (N GPUs of one host:
+FSDP2 over them, one Ulysses group), both on packed rows so that the attention kernel is the same.
 """
 from __future__ import annotations
 
@@ -648,8 +649,8 @@ def main():
                     "(1.5b: 16384)")
     ap.add_argument("--steps", type=int, default=2, help="--shaping: timed steps after one warm-up (median)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sp", type=int, default=1, help="Ulysses: also run every scheme as <scheme>_spN, on N "
-                    "processes (one GPU each, torchrun); the `sp` scheme part's default N")
+    ap.add_argument("--sp", type=int, default=1, help="Ulysses: run every scheme at SP=1 and as <scheme>_spN on N "
+                    "processes (one GPU each, torchrun), both with rmpad; the `sp` scheme part's default N")
     ap.add_argument("--model-dir", default="", help="where the 1.5B random-weight model is written (and reused)")
     ap.add_argument("--run-timeout", type=float, default=560.0, help="seconds before one process is killed")
     ap.add_argument("--json", default=os.environ.get("OUT") and os.path.join(os.environ["OUT"], "bench_rl_update.json"),
@@ -687,8 +688,14 @@ def main():
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
     schemes = [x for x in a.schemes.split(",") if x] or \
         (SHAPING_SCHEMES if a.shaping else CRITIC_SCHEMES if a.critic else LONG_SCHEMES)
-    if a.sp > 1:  # SP=1 (one GPU) then SP=N (N GPUs) of each scheme
-        schemes = [x for s in schemes for x in ([s] if "_sp" in f"_{s}" else [s, f"{s}_sp{a.sp}"])]
+    if a.sp > 1:  # SP=1 (one GPU) then SP=N (N GPUs) of each scheme, both on packed rows (the same attention)
+        def pair(s):
+            if any(p.startswith("sp") for p in s.split("_")):
+                return [s]
+            s = s if "rmpad" in s.split("_") else f"{s}_rmpad"
+            return [s, f"{s}_sp{a.sp}"]
+
+        schemes = [x for s in schemes for x in pair(s)]
     for s in schemes:
         parse_scheme(s, a)  # a typo fails here, not after the first scheme's run
     a.model_path = model_dir(a)
