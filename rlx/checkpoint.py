@@ -202,7 +202,7 @@ def _unwrap_hf(module):
 
 
 def _persistent_buffers(module):
-    from rlx.workers.engine.weights import clean_param_name
+    from rlx.engine.weights import clean_param_name
 
     for mod_name, mod in module.named_modules():
         for name, buf in mod._buffers.items():
@@ -222,7 +222,7 @@ def export_hf(module, out_dir: str, tokenizer=None, dtype: torch.dtype | None = 
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
-    from rlx.workers.engine.weights import iter_full_params
+    from rlx.engine.weights import iter_full_params
 
     rank, _ = _rank_world()
     sd = {}

@@ -28,6 +28,8 @@ Schemes are names made of parts joined by "_" (any order; a part that is absent 
     dyn[N]     actor.use_dynamic_bsz=True, ppo_max_token_len_per_gpu=N (default --max-tokens)
     mb[N]      ppo_micro_batch_size_per_gpu=N (default 1 for long responses, --micro for --shaping)
     critic     CriticEngine.update_critic (value head; `fused` does not apply) instead of the actor
+    sp[N]      ulysses_sequence_parallel_size=N (default --sp): N processes (torchrun, one GPU each) share the
+               batch, each holding 1/N of the packed sequence; implies rmpad. Peaks are per GPU (max over ranks)
     plain      nothing on (a name for the empty set)
 Every run also sets: strategy=fsdp2, mixed_precision {param bf16, reduce fp32, buffer fp32} on cuda (fp32 on
 cpu), ppo_mini_batch_size=rows (one optimizer step), ppo_epochs=1, entropy_coeff=0, use_kl_loss=False,
@@ -43,6 +45,10 @@ to choose); tiny = rlx's builtin://tiny-qwen2 with lengths scaled down (a CPU sm
     python3 scripts/bench_rl_update.py --cap-gib 80 --shaping              # padded / rmpad / rmpad+dyn
     python3 scripts/bench_rl_update.py --table a.json,b.json               # one table (+ targets) from runs
     python3 scripts/bench_rl_update.py --shape tiny --device cpu --shaping # CPU smoke test
+    python3 scripts/bench_rl_update.py --cap-gib 80 --sp 2 --schemes offload_ckpt_fused_tile   # SP=1 vs SP=2
+    python3 scripts/bench_rl_update.py --shape tiny --device cpu --sp 2    # CPU smoke test of SP (gloo)
+With --sp N every scheme runs as `<scheme>_rmpad` (SP=1, one GPU) and `<scheme>_rmpad_spN` (N GPUs of one host:
+FSDP2 over them, one Ulysses group), both on packed rows so that the attention kernel is the same.
 """
 from __future__ import annotations
 
@@ -101,6 +107,7 @@ class Scheme:
     rmpad: bool = False
     dyn: int = 0
     micro: int = 0
+    sp: int = 1
 
 
 def parse_scheme(name: str, a) -> Scheme:
@@ -116,9 +123,12 @@ def parse_scheme(name: str, a) -> Scheme:
             s.dyn = int(p[3:] or a.max_tokens)
         elif p.startswith("mb") and p[2:].isdigit():
             s.micro = int(p[2:])
+        elif p.startswith("sp") and (p[2:].isdigit() or p == "sp"):
+            s.sp = int(p[2:] or a.sp)
+            s.rmpad = True  # Ulysses shards the packed row
         else:
             raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] rmpad dyn[N] "
-                             f"mb[N] critic plain)")
+                             f"mb[N] sp[N] critic plain)")
     if s.critic and s.fused:
         raise ValueError(f"scheme {name!r}: the critic has a value head; `fused` (the chunked log-prob head) "
                          f"does not apply")
@@ -146,14 +156,15 @@ def overrides(s: Scheme, a, model_path: str, rows: int) -> tuple[list[str], list
     own = {f"{model}.enable_gradient_checkpointing": s.ckpt, f"{model}.enable_activation_offload": s.offload,
            f"{model}.tile_mlp_tokens": s.tile, f"{model}.use_remove_padding": s.rmpad,
            f"{role}.use_dynamic_bsz": bool(s.dyn), f"{role}.ppo_max_token_len_per_gpu": s.dyn or a.max_tokens,
-           f"{role}.ppo_micro_batch_size_per_gpu": s.micro}
+           f"{role}.ppo_micro_batch_size_per_gpu": s.micro, f"{role}.ulysses_sequence_parallel_size": s.sp}
     if not s.critic:
         own.update({f"{model}.use_fused_kernels": s.fused, f"{model}.fused_kernel_options.chunk_size": a.chunk_size})
     ov = [f"trainer.device={a.device}", f"{model}.path={model_path}"] + [f"{k}={v}" for k, v in own.items()] + \
         [f"{role}.ppo_mini_batch_size={rows}", f"{role}.ppo_epochs=1", f"{role}.optim.lr=1e-6"] + fixed + \
         [f"{fsdp}.mixed_precision.{k}={v}" for k, v in precision(a).items()]
     shown = {"ppo_max_token_len_per_gpu": bool(s.dyn), "chunk_size": s.fused,
-             "ppo_micro_batch_size_per_gpu": not s.dyn and s.micro != 1}
+             "ppo_micro_batch_size_per_gpu": not s.dyn and s.micro != 1,
+             "ulysses_sequence_parallel_size": s.sp > 1}
     on = [f"{k.split('.')[-1]}={v}" for k, v in own.items()
           if shown.get(k.split(".")[-1], v not in (False, 0))]
     return ov, on
@@ -210,13 +221,16 @@ def worker(a):
     import torch
 
     from rlx.config import load_config
-    from rlx.workers.engine.fsdp import init_distributed
-    from rlx.workers.engine.packing import micro_batches
+    from rlx.engine.fsdp import init_distributed
+    from rlx.engine.packing import micro_batches
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     s = parse_scheme(a.scheme, a)
     cuda = a.device == "cuda"
-    dev = init_distributed(a.device, 0, 1)
+    dev = init_distributed(a.device)  # RANK / WORLD_SIZE from the environment (torchrun's with sp > 1)
+    if torch.distributed.get_rank():  # one rank reports (peaks and times are reduced over ranks)
+        sys.stdout = open(os.devnull, "w")
+        logging.getLogger().setLevel(logging.WARNING)
     if cuda and a.cap_gib:
         total = torch.cuda.get_device_properties(dev).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, a.cap_gib * GiB / total), dev)
@@ -232,23 +246,24 @@ def worker(a):
     cfg = load_config(ov, validate=False)
     t0 = time.perf_counter()
     if s.critic:
-        from rlx.workers.engine.critic import CriticEngine
+        from rlx.engine.critic import CriticEngine
 
-        engine = CriticEngine(critic_cfg=cfg.critic, device=dev, world_size=1)
+        engine = CriticEngine(critic_cfg=cfg.critic, device=dev, world_size=s.sp)
         update, prefix = engine.update_critic, "critic"
     else:
-        from rlx.workers.engine.actor import ActorEngine
+        from rlx.engine.actor import ActorEngine
 
         arr = cfg.actor_rollout_ref
         engine = ActorEngine(role="actor", model_cfg=arr.model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
-                             strategy=arr.actor.strategy, device=dev, world_size=1, rollout_n=1, temperature=1.0)
+                             strategy=arr.actor.strategy, device=dev, world_size=s.sp, rollout_n=1, temperature=1.0,
+                             sp_size=s.sp)
         update, prefix = engine.update_policy, "actor"
     vocab = engine.module.config.vocab_size
     res = dict(scheme=s.name, mode="shaping" if a.shaping else "long", critic=s.critic, overrides=ov,
                device=torch.cuda.get_device_name(dev) if cuda else "cpu", cap_gib=a.cap_gib if cuda else None,
                shape=a.shape, prompt=a.prompt, precision=precision(a)["param_dtype"],
                switches=" ".join(on) or "-", attn=engine.module.config._attn_implementation,
-               torch=torch.__version__, load_s=time.perf_counter() - t0, points=[])
+               torch=torch.__version__, load_s=time.perf_counter() - t0, points=[], sp=s.sp)
 
     def step(batch) -> tuple[float, float | None, dict]:
         sync()
@@ -261,6 +276,10 @@ def worker(a):
         # run_update reads (and resets) the allocator's peak over the whole update
         peak = m.get(f"perf/update_{prefix}/max_memory_allocated_gb", torch.cuda.max_memory_allocated(dev) / GiB) \
             if cuda else None
+        if s.sp > 1:  # per GPU: the rank that holds most; the slowest rank's time
+            t = torch.tensor([peak or 0.0, dt], dtype=torch.float64, device=dev)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            peak, dt = (float(t[0]) if cuda else None), float(t[1])
         return dt, peak, m
 
     group = a.group if a.shaping else 1
@@ -304,6 +323,11 @@ def worker(a):
             if not is_oom(e):
                 raise
             pt.update(status="oom")
+            if s.sp > 1:  # the other ranks wait in a collective: report from here, exit non-zero (torchrun stops all)
+                sys.__stdout__.write(f"POINT {json.dumps(pt)}\nRESULT "
+                                     f"{json.dumps(dict(res, points=res['points'] + [pt]))}\n")
+                sys.__stdout__.flush()
+                os._exit(3)
         del batch
         extra = f" tokens/s {pt['valid_tokens'] / pt['step_s']:.0f} micro-batches {pt['micro_batches']}" \
             if a.shaping and pt["status"] == "ok" else ""
@@ -375,13 +399,20 @@ def run_child(a, scheme: str, points: list[int] | None = None, warmup_len: int =
            "--tile-tokens", str(a.tile_tokens), "--chunk-size", str(a.chunk_size), "--micro", str(a.micro),
            "--max-tokens", str(a.max_tokens), "--rows", str(a.rows), "--group", str(a.group),
            "--resp-range", f"{a.resp_range[0]},{a.resp_range[1]}", "--steps", str(a.steps),
-           "--short-steps", str(a.short_steps), "--seed", str(a.seed)] + (["--warm-each"] if a.warm_each else [])
+           "--short-steps", str(a.short_steps), "--seed", str(a.seed), "--sp", str(a.sp)] + \
+        (["--warm-each"] if a.warm_each else [])
+    sp = parse_scheme(scheme, a).sp
+    if sp > 1:  # one process per GPU of this host, as torchrun starts them (it stops all when one fails)
+        env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as the workers run NCCL
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(sp),
+               "--master-addr", "127.0.0.1", "--master-port", env["MASTER_PORT"]] + cmd[1:]
     if a.shaping:
         cmd.append("--shaping")
     else:
         cmd += ["--points", ",".join(map(str, points)), "--warmup-len", str(warmup_len)]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    timer = threading.Timer(a.run_timeout, p.kill)  # one hung run must not take the whole benchmark down
+    # one hung run must not take the whole benchmark down (torchrun passes a SIGTERM on to its ranks)
+    timer = threading.Timer(a.run_timeout, p.terminate if sp > 1 else p.kill)
     timer.start()
     res, pts = None, []
     for line in p.stdout:
@@ -515,6 +546,33 @@ def print_tables(results: list[dict], search_max: int) -> None:
                   f"{p['step_s']:.3f} | {tps:.0f} | {tps / base:.2f} | {_gib(p['peak_gib'])} |")
     if any(r.get("shape") == "1.5b" for r in done):
         print_targets(results)
+    print_sp_ratios(results)
+
+
+def print_sp_ratios(results: list[dict]) -> None:
+    """Each `<scheme>_spN` against `<scheme>` (SP=1, one GPU): per-GPU activation memory (peak - static) and step
+    time ratios at every length both ran (issue targets at 2 GPUs: activations <= 0.6x, step at 262k <= 0.65x)."""
+    by = {r["scheme"]: r for r in results if r.get("mode") == "long"}
+    lines = []
+    for name, r in by.items():
+        sp = r.get("sp", 1)
+        base = by.get("_".join(p for p in name.split("_") if not p.startswith("sp")))
+        if sp <= 1 or base is None:
+            continue
+        pts = {p["len"]: p for p in base["points"] + base.get("search", []) if p["status"] == "ok"}
+        for p in r["points"] + r.get("search", []):
+            q = pts.get(p["len"])
+            if p["status"] != "ok" or q is None:
+                continue
+            act = ""
+            if p.get("peak_gib") is not None and q.get("peak_gib") is not None:
+                a1, a2 = q["peak_gib"] - (base.get("static_gib") or 0), p["peak_gib"] - (r.get("static_gib") or 0)
+                act = f"activations {a2:.2f} / {a1:.2f} GiB = {a2 / a1:.2f}x, "
+            lines.append(f"- {name} vs {base['scheme']} at {p['len']}: {act}step {p['step_s']:.2f} / "
+                         f"{q['step_s']:.2f} s = {p['step_s'] / q['step_s']:.2f}x")
+    if lines:
+        print("\nsequence parallelism (per GPU, SP=N vs SP=1):")
+        print("\n".join(lines))
 
 
 def print_targets(results: list[dict]) -> None:
@@ -591,6 +649,8 @@ def main():
                     "(1.5b: 16384)")
     ap.add_argument("--steps", type=int, default=2, help="--shaping: timed steps after one warm-up (median)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sp", type=int, default=1, help="Ulysses: run every scheme at SP=1 and as <scheme>_spN on N "
+                    "processes (one GPU each, torchrun), both with rmpad; the `sp` scheme part's default N")
     ap.add_argument("--model-dir", default="", help="where the 1.5B random-weight model is written (and reused)")
     ap.add_argument("--run-timeout", type=float, default=560.0, help="seconds before one process is killed")
     ap.add_argument("--json", default=os.environ.get("OUT") and os.path.join(os.environ["OUT"], "bench_rl_update.json"),
@@ -628,6 +688,14 @@ def main():
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
     schemes = [x for x in a.schemes.split(",") if x] or \
         (SHAPING_SCHEMES if a.shaping else CRITIC_SCHEMES if a.critic else LONG_SCHEMES)
+    if a.sp > 1:  # SP=1 (one GPU) then SP=N (N GPUs) of each scheme, both on packed rows (the same attention)
+        def pair(s):
+            if any(p.startswith("sp") for p in s.split("_")):
+                return [s]
+            s = s if "rmpad" in s.split("_") else f"{s}_rmpad"
+            return [s, f"{s}_sp{a.sp}"]
+
+        schemes = [x for s in schemes for x in pair(s)]
     for s in schemes:
         parse_scheme(s, a)  # a typo fails here, not after the first scheme's run
     a.model_path = model_dir(a)

@@ -86,7 +86,7 @@ class InProcessGroup:
     def run_dp(self, method, batch, replicas=1, **kwargs):
         return self._method(method)(batch, **kwargs)
 
-    def run_dp_metrics(self, method, batch, **kwargs):
+    def run_dp_metrics(self, method, batch, replicas=1, **kwargs):
         return self._method(method)(batch, **kwargs)
 
     def shutdown(self):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rlx.protocol import Batch
-from rlx.workers.engine.packing import balanced_partition, micro_batches, restore_order, token_inputs
+from rlx.engine.packing import balanced_partition, micro_batches, restore_order, token_inputs
 
 MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
@@ -130,7 +130,7 @@ def _cfg(strategy, over):
 
 
 def _actor(strategy, over, role="actor"):
-    from rlx.workers.engine.actor import ActorEngine
+    from rlx.engine.actor import ActorEngine
 
     torch.manual_seed(0)
     cfg = _cfg(strategy, over)
@@ -140,7 +140,7 @@ def _actor(strategy, over, role="actor"):
 
 
 def _critic(strategy, over):
-    from rlx.workers.engine.critic import CriticEngine
+    from rlx.engine.critic import CriticEngine
 
     torch.manual_seed(0)
     cfg = _cfg(strategy, [o.replace("actor_rollout_ref.model.", "critic.model.") for o in over])

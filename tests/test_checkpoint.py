@@ -24,7 +24,7 @@ def _free_port() -> int:
 
 def _engine(strategy: str):
     from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
-    from rlx.workers.engine.actor import ActorEngine
+    from rlx.engine.actor import ActorEngine
 
     # warm-up makes the lr differ per step, so a scheduler that is not restored shows in the params
     actor_cfg = ActorConfig(strategy=strategy, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
@@ -52,7 +52,7 @@ def _train_step(engine, step: int, rank: int):
 
 
 def _full_params(engine) -> dict:
-    from rlx.workers.engine.weights import iter_full_params
+    from rlx.engine.weights import iter_full_params
 
     return {k: v.clone() for k, v in iter_full_params(engine.module, to_cpu=True)}
 

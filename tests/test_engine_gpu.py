@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def dist():
-    from rlx.workers.engine.fsdp import init_distributed
+    from rlx.engine.fsdp import init_distributed
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
@@ -23,7 +23,7 @@ def dist():
 def _engine(strategy, offload: bool, param_offload: bool = False):
     from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
     from rlx.offload import ActivationOffloadConfig
-    from rlx.workers.engine.actor import ActorEngine
+    from rlx.engine.actor import ActorEngine
 
     torch.manual_seed(0)
     model_cfg = ModelConfig(path="builtin://tiny-qwen2", use_remove_padding=False,

@@ -42,7 +42,7 @@ def test_fused_head_gradients_at_the_bf16_noise_floor():
 
 def _engine_logprobs_and_grads(over):
     from conftest import load_config  # the quickstart config
-    from rlx.workers.engine.actor import ActorEngine
+    from rlx.engine.actor import ActorEngine
 
     torch.manual_seed(0)
     cfg = load_config(["trainer.device=cuda", "trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -66,7 +66,7 @@ def _engine_logprobs_and_grads(over):
 def nccl_group():
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29561")
-    from rlx.workers.engine.fsdp import init_distributed
+    from rlx.engine.fsdp import init_distributed
 
     init_distributed("cuda", 0, 1)
     yield

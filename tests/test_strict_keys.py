@@ -162,7 +162,7 @@ def test_offload_policy_is_fsdp2_only():
     assert "actor_rollout_ref.actor.fsdp_config.offload_policy=True is FSDP2's CPUOffloadPolicy" in msg
     load_config(["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.fsdp_config.offload_policy=True"])
     from rlx.config.schema import FSDPConfig
-    from rlx.workers.engine.fsdp import apply_fsdp
+    from rlx.engine.fsdp import apply_fsdp
 
     with pytest.raises(ValueError, match="offload_policy=True is FSDP2's"):  # engines built without the validator
         apply_fsdp(torch.nn.Linear(2, 2), "fsdp", FSDPConfig(offload_policy=True), torch.device("cpu"))
@@ -253,7 +253,7 @@ def test_tracker_prints_generations(tmp_path, capsys):
 # ---- trainer.balance_batch ------------------------------------------------------------------------------------
 def test_balance_batch_gives_each_rank_equal_rows_and_balanced_tokens():
     from rlx.trainer.ppo_trainer import RayPPOTrainer
-    from rlx.workers.engine.packing import equal_size_partition
+    from rlx.engine.packing import equal_size_partition
 
     lengths = [9, 1, 8, 2, 7, 3, 6, 4]
     groups = equal_size_partition(lengths, 2)

@@ -19,7 +19,7 @@ import torch
 from rlx.algos.probs_diff import rollout_probs_diff
 from rlx.config.schema import RolloutConfig
 from rlx.protocol import Batch
-from rlx.workers.engine.weights import iter_full_params
+from rlx.engine.weights import iter_full_params
 
 P, R = 8, 12        # max prompt / response length
 TEMPERATURE = 0.1   # see test_probs_diff_after_sync

@@ -242,7 +242,11 @@ class ActorConfig:
     data_loader_seed: Optional[int] = 42
     """Seed of that shuffle (null: 0)."""
     ulysses_sequence_parallel_size: int = 1
-    """verl key (sequence parallelism is not supported yet)."""
+    """Ulysses sequence parallelism of the actor (verl's): groups of this many ranks share each micro-batch, each
+    rank holds 1/sp of its packed sequence and attends with 1/sp of the heads (all-to-all around attention).
+    Needs actor_rollout_ref.model.use_remove_padding=True; must divide the world size and the model's attention
+    heads. Token budgets (ppo_max_token_len_per_gpu, log_prob_max_token_len_per_gpu) are per GPU: a group's
+    micro-batch holds up to budget x sp tokens. 1: off."""
     use_torch_compile: bool = True
     """verl key; rlx never compiles (a no-op by design: compiling changes speed, not results)."""
     entropy_from_logits_with_chunking: bool = False
@@ -276,8 +280,11 @@ class RefConfig:
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
     """Token budget of one log-prob micro-batch with log_prob_use_dynamic_bsz (follows
     actor.ppo_max_token_len_per_gpu)."""
-    ulysses_sequence_parallel_size: int = 1
-    """verl key (not supported yet)."""
+    ulysses_sequence_parallel_size: int = \
+        "${actor_rollout_ref.actor.ulysses_sequence_parallel_size}"  # type: ignore[assignment]
+    """Ulysses sequence parallelism of the reference model's log-prob forward (as
+    actor_rollout_ref.actor.ulysses_sequence_parallel_size, which it follows unless set, as in verl; needs
+    actor_rollout_ref.model.use_remove_padding=True). 1: off."""
     entropy_from_logits_with_chunking: bool = False
     """verl key (not supported yet)."""
     entropy_checkpointing: bool = False
@@ -443,7 +450,8 @@ class CriticConfig:
     forward_max_token_len_per_gpu: int = "${critic.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
     """Token budget of one value-forward micro-batch with use_dynamic_bsz (follows ppo_max_token_len_per_gpu)."""
     ulysses_sequence_parallel_size: int = 1
-    """verl key (not supported yet)."""
+    """Ulysses sequence parallelism of the critic (as actor_rollout_ref.actor.ulysses_sequence_parallel_size; needs
+    critic.model.use_remove_padding=True). 1: off."""
     ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"  # type: ignore[assignment]
     """Passes over each batch."""
     shuffle: bool = "${actor_rollout_ref.actor.shuffle}"  # type: ignore[assignment]
@@ -635,7 +643,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.model.lora_rank": 0,
     "actor_rollout_ref.model.use_liger": False,
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": False,
     "actor_rollout_ref.actor.entropy_checkpointing": False,
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": -1,
@@ -643,7 +650,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.actor.optim.total_training_steps": -1,
     "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
     "actor_rollout_ref.hybrid_engine": True,
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 1,
     "actor_rollout_ref.ref.entropy_from_logits_with_chunking": False,
     "actor_rollout_ref.ref.entropy_checkpointing": False,
     "actor_rollout_ref.ref.fsdp_config.fsdp_size": -1,
@@ -656,7 +662,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "critic.model.fsdp_config.fsdp_size": -1,
     "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "critic.optim.total_training_steps": -1,
-    "critic.ulysses_sequence_parallel_size": 1,
     "reward_model.enable": False,
     "reward_model.strategy": "fsdp",
     "reward_model.model": {"path": None, "external_lib": None, "trust_remote_code": None},

@@ -51,6 +51,66 @@ def num_hidden_layers(model_path: str) -> int | None:
         return json.load(f).get("num_hidden_layers")
 
 
+def model_config(model) -> dict:
+    """The model's config.json (materialises a built-in model on first use) with `override_config` applied."""
+    from rlx.models import resolve_model_path
+
+    path = os.path.join(resolve_model_path(model.path), "config.json")
+    out = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            out = json.load(f)
+    return {**out, **(model.override_config or {})}
+
+
+SP_ROLES = (("actor_rollout_ref.actor", "actor_rollout_ref.model"),
+            ("actor_rollout_ref.ref", "actor_rollout_ref.model"), ("critic", "critic.model"))
+
+
+def _sp_roles(cfg):
+    """(sp key, sp, model key prefix, model config) of each role that is built with sp > 1."""
+    ref_built = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    for role, model_prefix in SP_ROLES:
+        if role == "actor_rollout_ref.ref" and not ref_built:
+            continue
+        if role == "critic" and cfg.algorithm.adv_estimator != "gae":
+            continue
+        yield f"{role}.ulysses_sequence_parallel_size", _get(cfg, f"{role}.ulysses_sequence_parallel_size"), \
+            model_prefix, _get(cfg, model_prefix)
+
+
+def _check_sequence_parallel(cfg, errors):
+    """Ulysses: sp splits the world into groups, the attention heads among a group's ranks; needs packed rows."""
+    ws = world_size(cfg)
+    for key, sp, prefix, model in _sp_roles(cfg):
+        if not isinstance(sp, int) or isinstance(sp, bool) or sp < 1:
+            errors.append(f"{key}={sp!r} must be a positive integer (1 turns sequence parallelism off).")
+            continue
+        if sp == 1:
+            continue
+        if ws % sp:
+            errors.append(f"{key}={sp} must divide the world size {ws} (trainer.nnodes * trainer.n_gpus_per_node): "
+                          f"the ranks split into data-parallel groups of {sp}. Fix: {key} among the divisors of "
+                          f"{ws}, or change trainer.n_gpus_per_node.")
+        if not model.use_remove_padding:
+            errors.append(f"{key}={sp} shards the packed (remove-padding) sequence and needs "
+                          f"{prefix}.use_remove_padding=True (as in verl). Fix: {prefix}.use_remove_padding=True, "
+                          f"or {key}=1.")
+        conf = model_config(model)
+        heads = conf.get("num_attention_heads")
+        kv = conf.get("num_key_value_heads") or heads
+        if heads is None:
+            continue
+        if heads % sp:
+            errors.append(f"{key}={sp} must divide the model's num_attention_heads={heads} ({prefix}.path="
+                          f"{model.path!r}): each rank attends with heads/sp of them. Fix: {key} among the divisors "
+                          f"of {heads}.")
+        elif kv % sp and sp % kv:
+            errors.append(f"{key}={sp} and the model's num_key_value_heads={kv} ({prefix}.path={model.path!r}): one "
+                          f"must divide the other (KV heads are split over the ranks, or repeated when fewer). Fix: "
+                          f"{key} that divides {kv} or is a multiple of it.")
+
+
 def _check_not_supported(cfg, errors):
     for key, default in NOT_SUPPORTED.items():
         value = _get(cfg, key)
@@ -122,9 +182,13 @@ def _check_batch_sizes(cfg, errors):
             errors.append(f"{prefix}.ppo_mini_batch_size={mini} must be positive and divide data.train_batch_size="
                           f"{tbs}.")
             continue
-        if (mini * n) % ws:
+        sp = role.ulysses_sequence_parallel_size
+        # the ranks of a sequence-parallel group share rows: a mini-batch splits over world / sp groups
+        dp = ws // sp if isinstance(sp, int) and sp >= 1 and ws % sp == 0 else ws
+        if (mini * n) % dp:
+            where = f"world size {ws}" if dp == ws else f"{dp} data-parallel groups (world size {ws} / {sp})"
             errors.append(f"{prefix}.ppo_mini_batch_size * rollout.n = {mini}*{n} = {mini * n} sequences must divide "
-                          f"across world size {ws}; change {prefix}.ppo_mini_batch_size or trainer.n_gpus_per_node.")
+                          f"across {where}; change {prefix}.ppo_mini_batch_size or trainer.n_gpus_per_node.")
             continue
         # micro-batches need not divide the mini-batch (the last one may be smaller; gradients stay exact)
         if role.use_dynamic_bsz:
@@ -342,6 +406,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_strategies(cfg, errors)
     _check_batch_sizes(cfg, errors)
     _check_long_sequences(cfg, errors)
+    _check_sequence_parallel(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_rollout(cfg, errors)
     _check_reward(cfg, errors)

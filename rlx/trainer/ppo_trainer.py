@@ -237,7 +237,7 @@ class RayPPOTrainer:
         the same number of tokens; logs global_seqlen/* (before: min/max/minmax_diff over ranks; balanced_*)."""
         if not self.cfg.trainer.balance_batch:
             return batch
-        from rlx.workers.engine.packing import equal_size_partition, seq_lens
+        from rlx.engine.packing import equal_size_partition, seq_lens
 
         lengths = seq_lens(batch).tolist()
         groups = equal_size_partition(lengths, self.world_size)

@@ -16,18 +16,20 @@ log = logging.getLogger("rlx")
 
 class ActorRolloutRefWorker(Worker):
     def init_model(self, total_steps: int, rollout_name: str) -> None:
-        from rlx.workers.engine.actor import ActorEngine
+        from rlx.engine.actor import ActorEngine
 
         arr = self.cfg.actor_rollout_ref
         self.use_ref = arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
         common = dict(model_cfg=arr.model, device=self.device, world_size=self.world_size,
                       rollout_n=arr.rollout.n, temperature=arr.rollout.temperature)
         self.actor = ActorEngine(role="actor", actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
-                                 strategy=arr.actor.strategy, total_steps=total_steps, **common)
+                                 strategy=arr.actor.strategy, total_steps=total_steps,
+                                 sp_size=arr.actor.ulysses_sequence_parallel_size, **common)
         self.ref = None
         if self.use_ref:
             self.ref = ActorEngine(role="ref", actor_cfg=arr.actor, fsdp_cfg=arr.ref.fsdp_config,
-                                   strategy=arr.ref.strategy, **common)
+                                   strategy=arr.ref.strategy, sp_size=arr.ref.ulysses_sequence_parallel_size,
+                                   **common)
         self.rollout_name = rollout_name
         self.rollout = self._build_rollout(rollout_name)
 
@@ -59,7 +61,7 @@ class ActorRolloutRefWorker(Worker):
     # ---- the steps the driver calls ----------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Sync the FSDP weights into the rollout engine, generate, free the engine's cache."""
-        from rlx.workers.engine.weights import iter_full_params
+        from rlx.engine.weights import iter_full_params
 
         with self.actor.phase():
             self.rollout.sync_weights(iter_full_params(self.actor.module))
@@ -103,7 +105,7 @@ class ActorRolloutRefWorker(Worker):
 
     def param_checksum(self) -> float:
         """Sum of squares of all actor weights (collective): lets tests see that training changed them."""
-        from rlx.workers.engine.weights import iter_full_params
+        from rlx.engine.weights import iter_full_params
 
         with self.actor.phase():
             return float(sum(t.double().pow(2).sum() for _, t in iter_full_params(self.actor.module)))
@@ -114,6 +116,9 @@ class ActorGroup(WorkerGroup):
 
     def __init__(self, pool: ResourcePool, cfg: RLXConfig):
         super().__init__(ActorRolloutRefWorker, pool, cfg)
+        # Ulysses: the ranks of a sequence-parallel group get the same rows (the rollout is not affected)
+        self.sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
+        self.ref_sp = cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size
 
     def init_model(self, total_steps: int, rollout_name: str) -> None:
         self.run_all(ActorRolloutRefWorker.init_model, total_steps, rollout_name)
@@ -124,15 +129,15 @@ class ActorGroup(WorkerGroup):
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         """`old_log_probs` of the responses under the current policy."""
-        return self.run_dp(ActorRolloutRefWorker.compute_log_prob, batch)
+        return self.run_dp(ActorRolloutRefWorker.compute_log_prob, batch, replicas=self.sp)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """`ref_log_prob` of the responses under the reference policy."""
-        return self.run_dp(ActorRolloutRefWorker.compute_ref_log_prob, batch)
+        return self.run_dp(ActorRolloutRefWorker.compute_ref_log_prob, batch, replicas=self.ref_sp)
 
     def update(self, batch: Batch) -> dict:
         """One PPO update of the policy on `batch`; the `actor/*` metrics (memory figures: max over ranks)."""
-        return self.run_dp_metrics(ActorRolloutRefWorker.update_actor, batch)
+        return self.run_dp_metrics(ActorRolloutRefWorker.update_actor, batch, replicas=self.sp)
 
     def save(self, path: str) -> None:
         self.run_all(ActorRolloutRefWorker.save_checkpoint, path)

@@ -46,7 +46,7 @@ class Worker:
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def init_distributed(self, master_addr: str, master_port: int) -> None:
-        from rlx.workers.engine.fsdp import init_distributed
+        from rlx.engine.fsdp import init_distributed
 
         if self.cfg.trainer.device == "cuda":
             # the engine picks cuda:LOCAL_RANK: make that the GPU of this worker's bundle

@@ -9,7 +9,7 @@ from rlx.workers.group import ResourcePool, WorkerGroup
 
 class CriticWorker(Worker):
     def init_model(self, total_steps: int) -> None:
-        from rlx.workers.engine.critic import CriticEngine
+        from rlx.engine.critic import CriticEngine
 
         self.critic = CriticEngine(critic_cfg=self.cfg.critic, device=self.device, world_size=self.world_size,
                                    total_steps=total_steps)
@@ -36,17 +36,18 @@ class CriticGroup(WorkerGroup):
 
     def __init__(self, pool: ResourcePool, cfg: RLXConfig):
         super().__init__(CriticWorker, pool, cfg)
+        self.sp = cfg.critic.ulysses_sequence_parallel_size  # a sequence-parallel group's ranks share rows
 
     def init_model(self, total_steps: int) -> None:
         self.run_all(CriticWorker.init_model, total_steps)
 
     def compute_values(self, batch: Batch) -> Batch:
         """`values` of every response token."""
-        return self.run_dp(CriticWorker.compute_values, batch)
+        return self.run_dp(CriticWorker.compute_values, batch, replicas=self.sp)
 
     def update(self, batch: Batch) -> dict:
         """One value-loss update on `batch`; the `critic/*` metrics (memory figures: max over ranks)."""
-        return self.run_dp_metrics(CriticWorker.update_critic, batch)
+        return self.run_dp_metrics(CriticWorker.update_critic, batch, replicas=self.sp)
 
     def save(self, path: str) -> None:
         self.run_all(CriticWorker.save_checkpoint, path)

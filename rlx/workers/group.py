@@ -159,11 +159,14 @@ class WorkerGroup:
         out = Batch.concat(outs)
         return out.slice(0, size) if pad else out
 
-    def run_dp_metrics(self, method: Method, batch: Batch, **kwargs) -> dict:
-        """Split `batch` across ranks; return the rank-mean of the returned metric dicts, except memory figures
-        (`perf/*memory*`, `perf/*offload_pool*`), which are the max over ranks: the rank that runs out first."""
-        chunks = batch.chunk(self.world_size)
-        outs = ray.get([getattr(w, _name(method)).remote(c, **kwargs) for w, c in zip(self.workers, chunks)])
+    def run_dp_metrics(self, method: Method, batch: Batch, replicas: int = 1, **kwargs) -> dict:
+        """Split `batch` across ranks (runs of `replicas` consecutive ranks share a chunk: a sequence-parallel
+        group); return the rank-mean of the returned metric dicts, except memory figures (`perf/*memory*`,
+        `perf/*offload_pool*`), which are the max over ranks: the rank that runs out first."""
+        assert self.world_size % replicas == 0, (self.world_size, replicas)
+        chunks = batch.chunk(self.world_size // replicas)
+        outs = ray.get([getattr(w, _name(method)).remote(chunks[rank // replicas], **kwargs)
+                        for rank, w in enumerate(self.workers)])
         return {k: (max(o[k] for o in outs) if _is_peak(k) else sum(o[k] for o in outs) / len(outs))
                 for k in outs[0]}
 

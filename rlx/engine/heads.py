@@ -77,8 +77,10 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int]) -> 
     """Replace `model.forward` (an HF causal LM, or a one-label token classifier for the critic); see module doc.
 
     New forward: `(input_ids, position_ids, attention_mask, index, targets=None, temperature=1.0,
-    with_entropy=False, cu_seq_lens=None)` -> `(log_probs [N], entropy [N] | None)` or `values [N]`.
+    with_entropy=False, cu_seq_lens=None, sp_index=None)` -> `(log_probs [N], entropy [N] | None)` or `values [N]`.
     `attention_mask` is the `[rows, seq]` padding mask, or None for one packed row with `cu_seq_lens`.
+    With Ulysses (`sp_index` given) the ids are this rank's slice of the packed row, `index`/`targets` the
+    scored tokens inside it, and the outputs are gathered over the group at `sp_index` (see `ulysses`).
     """
     from rlx.ops.log_prob_head import log_probs_from_hidden
 
@@ -88,7 +90,7 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int]) -> 
     dropout = getattr(model, "dropout", None) if critic else None
 
     def forward(input_ids, position_ids, attention_mask, index, targets=None, temperature=1.0, with_entropy=False,
-                cu_seq_lens=None):
+                cu_seq_lens=None, sp_index=None):
         kwargs = {}
         if cu_seq_lens is not None:
             longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
@@ -97,12 +99,24 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int]) -> 
             attention_mask = _mask_mapping(model)
         hidden = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       use_cache=False, **kwargs).last_hidden_state
-        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        local_len = hidden.shape[0]
+        hidden = hidden.index_select(0, index)
         if critic:
             if dropout is not None:
                 hidden = dropout(hidden)
-            return head(hidden)[:, 0].float()
-        return log_probs_from_hidden(hidden, head.weight, head.bias, targets, temperature,
-                                     chunk_size=chunk_size, with_entropy=with_entropy)
+            out = head(hidden)[:, 0].float()
+        else:
+            out = log_probs_from_hidden(hidden, head.weight, head.bias, targets, temperature,
+                                        chunk_size=chunk_size, with_entropy=with_entropy)
+        if sp_index is None:
+            return out
+        # Ulysses: this rank scored the tokens of its slice; every rank of the group gets all of them, in order
+        from rlx.engine.ulysses import gather_scored
+
+        def gather(t):
+            return None if t is None else gather_scored(t, index, local_len, sp_index, model._rlx_sp_group)
+
+        return gather(out) if critic else tuple(gather(t) for t in out)
 
     model.forward = forward

@@ -6,7 +6,7 @@ import torch
 from rlx.algos import core_algos
 from rlx.config.schema import CriticConfig
 from rlx.protocol import Batch
-from rlx.workers.engine.base import FSDPEngine, UpdateSpec
+from rlx.engine.base import FSDPEngine, UpdateSpec
 
 
 class CriticEngine(FSDPEngine):
@@ -14,7 +14,8 @@ class CriticEngine(FSDPEngine):
         self.critic_cfg, self.world_size = critic_cfg, world_size
         super().__init__(role="critic", model_cfg=critic_cfg.model, strategy=critic_cfg.strategy,
                          fsdp_cfg=critic_cfg.model.fsdp_config, device=device, optim_cfg=critic_cfg.optim,
-                         total_steps=total_steps)
+                         total_steps=total_steps, sp_size=critic_cfg.ulysses_sequence_parallel_size,
+                         sp_key="critic.ulysses_sequence_parallel_size")
 
     def _values(self, mb: Batch) -> torch.Tensor:
         return self.forward_tokens(mb)
@@ -27,7 +28,8 @@ class CriticEngine(FSDPEngine):
 
     def update_critic(self, batch: Batch) -> dict:
         cfg = self.critic_cfg
-        spec = UpdateSpec(prefix="critic", mini_size=cfg.ppo_mini_batch_size * cfg.rollout_n // self.world_size,
+        dp = self.world_size // self.sp  # the ranks of a sequence-parallel group share rows
+        spec = UpdateSpec(prefix="critic", mini_size=cfg.ppo_mini_batch_size * cfg.rollout_n // dp,
                           micro_size=cfg.ppo_micro_batch_size_per_gpu,
                           max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
                           epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, seed=0, grad_clip=cfg.grad_clip,

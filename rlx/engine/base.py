@@ -13,9 +13,9 @@ import torch.distributed as dist
 from rlx.algos import core_algos
 from rlx.config.schema import CriticModelConfig, FSDPConfig, ModelConfig, OptimConfig
 from rlx.protocol import Batch
-from rlx.workers.engine import fsdp as F
-from rlx.workers.engine.heads import apply_token_head, packed_attn_implementation
-from rlx.workers.engine.packing import micro_batches, restore_order, token_inputs
+from rlx.engine import fsdp as F
+from rlx.engine.heads import apply_token_head, packed_attn_implementation
+from rlx.engine.packing import micro_batches, restore_order, token_inputs
 
 log = logging.getLogger("rlx")
 
@@ -28,16 +28,34 @@ class FSDPEngine:
 
     def __init__(self, *, role: str, model_cfg: ModelConfig | CriticModelConfig, strategy: str, fsdp_cfg: FSDPConfig,
                  device: torch.device, optim_cfg: OptimConfig | None = None, total_steps: int = 1,
-                 dtype: str | None = None, head_chunk_size: Optional[int] = None):
+                 dtype: str | None = None, head_chunk_size: Optional[int] = None, sp_size: int = 1,
+                 sp_key: str = "ulysses_sequence_parallel_size"):
         self.role, self.device, self.fsdp_cfg = role, device, fsdp_cfg
         self.remove_padding = model_cfg.use_remove_padding
         dtype = dtype or fsdp_cfg.model_dtype
+        # Ulysses: groups of sp ranks share a micro-batch, each holds 1/sp of its packed row (see `ulysses`)
+        self.sp = sp_size
+        self.sp_group = self.sp_rank = None
+        if sp_size > 1:
+            from rlx.engine import ulysses
+
+            if not self.remove_padding:
+                raise ValueError(f"{sp_key}={sp_size} shards the packed (remove-padding) sequence; set "
+                                 f"use_remove_padding=True on this role's model, or {sp_key}=1.")
+            self.sp_group = ulysses.sp_group(sp_size)
+            self.sp_rank = dist.get_rank(self.sp_group)
+            ulysses.register_ulysses_attention()
         attn = packed_attn_implementation(device.type) if self.remove_padding else "sdpa"
+        if sp_size > 1:
+            attn = ulysses.ULYSSES_ATTENTION
         model = F.build_hf_model(model_cfg.path, "critic" if role == "critic" else "actor", F.DTYPES[dtype],
                                  override_config=model_cfg.override_config,
                                  trust_remote_code=model_cfg.trust_remote_code,
                                  external_lib=model_cfg.external_lib, attn_implementation=attn)
         self.num_layers = model.config.num_hidden_layers
+        if sp_size > 1:
+            ulysses.check_heads(model.config, sp_size, sp_key)
+            ulysses.apply_ulysses(model, self.sp_group)
         # the head only where a response token is scored; chunked (never [tokens, vocab]) with head_chunk_size
         apply_token_head(model, role, head_chunk_size)
         if model_cfg.tile_mlp_tokens > 0:
@@ -112,11 +130,17 @@ class FSDPEngine:
     def forward_tokens(self, mb: Batch, **head_kwargs):
         """The head's outputs for `mb`'s response tokens as `[rows, R]` tensors (zeros at response padding):
         `(log_probs, entropy | None)` for actor/ref (pass temperature, with_entropy), `values` for the critic."""
-        ti = token_inputs(mb, self.device, self.remove_padding)
+        ti = token_inputs(mb, self.device, self.remove_padding,
+                          sp=(self.sp_rank, self.sp) if self.sp > 1 else None)
         out = self.module(**ti.kwargs, **head_kwargs)
         if isinstance(out, tuple):
             return tuple(None if o is None else ti.scatter(o) for o in out)
         return ti.scatter(out)
+
+    def _group_tokens(self, max_tokens: Optional[int]) -> Optional[int]:
+        """The token budget of one micro-batch of a sequence-parallel group: `*_max_token_len_per_gpu` x sp (verl),
+        since each of its sp ranks holds 1/sp of the tokens."""
+        return None if max_tokens is None else max_tokens * self.sp
 
     def agree_max(self, n: int) -> int:
         """The max of `n` over this engine's data-parallel ranks (every rank must run as many micro-batches)."""
@@ -138,7 +162,7 @@ class FSDPEngine:
         self.train_mode(False)
         outs = []
         with self.phase():
-            mbs, perm = micro_batches(batch, micro_size, max_tokens, agree=self.agree_max)
+            mbs, perm = micro_batches(batch, micro_size, self._group_tokens(max_tokens), agree=self.agree_max)
             for mb in mbs:
                 outs.append(Batch({k: v.cpu() for k, v in fn(mb).items()}))
         return restore_order(Batch.concat(outs), perm)
@@ -161,17 +185,19 @@ class FSDPEngine:
         world = dist.get_world_size() if dist.is_initialized() else 1
         with self.phase(with_optimizer=True):
             for mini in split_minis(batch, spec.mini_size, spec.epochs, spec.shuffle, spec.seed):
-                mbs, _ = micro_batches(mini, spec.micro_size, spec.max_tokens, agree=self.agree_max)
+                mbs, _ = micro_batches(mini, spec.micro_size, self._group_tokens(spec.max_tokens),
+                                       agree=self.agree_max)
                 count = sum(core_algos.loss_norm_count(mb["response_mask"], spec.loss_agg_mode) for mb in mbs)
-                # FSDP averages gradients over ranks, so each rank divides by its share of the global count
-                norm = self._all_reduce(count) / world
+                # FSDP averages gradients over ranks, so each rank divides by its share of the global count; the
+                # sp ranks of a sequence-parallel group hold the same rows: their tokens count once
+                norm = self._all_reduce(count) / self.sp / world
                 summed: dict[str, float] = {}  # the loss terms of this mini-batch
                 for mb in mbs:
                     with self.micro_batch_context():
                         loss, shares, means = loss_fn(mb, norm)
                         loss.backward()
-                    for k, v in shares.items():
-                        summed[k] = summed.get(k, 0.0) + float(v)
+                    for k, v in shares.items():  # the sp ranks of a group report the group's loss sp times
+                        summed[k] = summed.get(k, 0.0) + float(v) / self.sp
                     for k, v in means.items():
                         add(k, v)
                 for k, v in summed.items():

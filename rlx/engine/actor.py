@@ -8,7 +8,7 @@ import torch
 from rlx.algos import core_algos
 from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig
 from rlx.protocol import Batch
-from rlx.workers.engine.base import FSDPEngine, UpdateSpec
+from rlx.engine.base import FSDPEngine, UpdateSpec
 
 
 class ActorEngine(FSDPEngine):
@@ -16,17 +16,19 @@ class ActorEngine(FSDPEngine):
 
     Log-probs (and entropy) come from the model's head evaluated at the response tokens only; with
     `model.use_fused_kernels` in chunks of `model.fused_kernel_options.chunk_size` tokens, never holding
-    `[tokens, vocab]` logits (see `rlx.ops.log_prob_head`).
+    `[tokens, vocab]` logits (see `rlx.ops.log_prob_head`). `sp_size` > 1: Ulysses sequence parallelism (the
+    ranks of a group get the same rows; `world_size // sp_size` data-parallel groups share a mini-batch).
     """
 
     def __init__(self, *, role: str, model_cfg: ModelConfig, actor_cfg: ActorConfig, fsdp_cfg: FSDPConfig,
                  strategy: str, device: torch.device, world_size: int, rollout_n: int, temperature: float,
-                 total_steps: int = 1):
+                 total_steps: int = 1, sp_size: int = 1):
         self.actor_cfg, self.world_size, self.rollout_n, self.temperature = actor_cfg, world_size, rollout_n, temperature
         self.fused = model_cfg.use_fused_kernels
         super().__init__(role=role, model_cfg=model_cfg, strategy=strategy, fsdp_cfg=fsdp_cfg, device=device,
                          optim_cfg=actor_cfg.optim if role == "actor" else None, total_steps=total_steps,
-                         head_chunk_size=model_cfg.fused_kernel_options.chunk_size if self.fused else None)
+                         head_chunk_size=model_cfg.fused_kernel_options.chunk_size if self.fused else None,
+                         sp_size=sp_size, sp_key=f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size")
 
     def _log_probs(self, mb: Batch, with_entropy: bool):
         return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy)
@@ -45,7 +47,8 @@ class ActorEngine(FSDPEngine):
         """PPO clipped policy update (+ entropy bonus, + KL loss) over mini- and micro-batches."""
         cfg = self.actor_cfg
         need_entropy = cfg.entropy_coeff != 0
-        spec = UpdateSpec(prefix="actor", mini_size=cfg.ppo_mini_batch_size * self.rollout_n // self.world_size,
+        dp = self.world_size // self.sp  # the ranks of a sequence-parallel group share rows
+        spec = UpdateSpec(prefix="actor", mini_size=cfg.ppo_mini_batch_size * self.rollout_n // dp,
                           micro_size=cfg.ppo_micro_batch_size_per_gpu,
                           max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
                           epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, seed=cfg.data_loader_seed or 0,

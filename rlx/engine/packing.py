@@ -105,7 +105,10 @@ class TokenInputs:
         return out.index_put((self.rows, self.cols), values)
 
 
-def token_inputs(mb: Batch, device: torch.device, remove_padding: bool) -> TokenInputs:
+def token_inputs(mb: Batch, device: torch.device, remove_padding: bool,
+                 sp: Optional[tuple[int, int]] = None) -> TokenInputs:
+    """The model inputs of `mb`, padded or packed; with `sp=(rank, size)` (Ulysses, packed only) this rank's
+    slice of the packed row (`ulysses.shard_packed`)."""
     input_ids, mask, pos = mb["input_ids"], mb["attention_mask"], mb["position_ids"]
     responses, resp_mask = mb["responses"], mb["response_mask"]
     n_rows, seq = input_ids.shape
@@ -126,5 +129,11 @@ def token_inputs(mb: Batch, device: torch.device, remove_padding: bool) -> Token
         index = rows * seq + pred
         kwargs = dict(input_ids=input_ids, position_ids=pos, attention_mask=mask)
     kwargs.update(index=index, targets=targets)
+    if sp is not None and sp[1] > 1:
+        from rlx.engine.ulysses import shard_packed
+
+        assert remove_padding, "sequence parallelism shards the packed row (use_remove_padding=True)"
+        kwargs = shard_packed(kwargs["input_ids"], kwargs["position_ids"], kwargs["cu_seq_lens"], index, targets,
+                              rank=sp[0], sp=sp[1])
     kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
     return TokenInputs(kwargs, rows.to(device), cols.to(device), (n_rows, resp_len))

@@ -1,0 +1,274 @@
+"""Ulysses sequence parallelism at the engine level (real FSDP1/FSDP2 over gloo; fp32; the builtin tiny Qwen2:
+4 attention heads, 2 KV heads).
+
+The same global batch runs at SP=1 (every rank its own rows) and at SP=sp (the ranks of a group share rows, each
+holds 1/sp of the packed row): log-probs, entropy, values, the loss and every parameter gradient agree within
+1e-5 relative, for the actor and the critic, plain and with offload + checkpointing + tiled MLP + fused head,
+and dynamic batch size; at sp=4 the 2 KV heads are repeated. The batch's packed sequences have unequal lengths,
+one of them shorter than sp tokens. Also: per-rank saved activations at SP=2 are about half of SP=1's.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from rlx.protocol import Batch
+from test_batch_shaping import _capture_grads, _cfg, _free_port
+
+TOL = 1e-5
+WORST: dict = {}  # case -> worst relative difference seen (printed for the closing note)
+
+
+def lengths_batch(prompt_lens, resp_lens, prompt=6, resp=9, seed=0) -> Batch:
+    """Rows with the given prompt and response lengths (left-padded prompts, right-padded responses)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = len(prompt_lens)
+    pm, rm = torch.zeros(rows, prompt, dtype=torch.long), torch.zeros(rows, resp, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_lens, resp_lens)):
+        pm[i, prompt - p:] = 1
+        rm[i, :r] = 1
+    am = torch.cat([pm, rm], 1)
+    ids = torch.randint(3, 255, (rows, prompt + resp), generator=g) * am
+    return Batch({"input_ids": ids, "attention_mask": am, "position_ids": (am.cumsum(1) - 1).clamp(min=0),
+                  "responses": ids[:, prompt:], "response_mask": rm,
+                  "old_log_probs": -5.5 + 0.1 * torch.randn(rows, resp, generator=g),
+                  "advantages": torch.randn(rows, resp, generator=g),
+                  "ref_log_prob": -5.5 + 0.1 * torch.randn(rows, resp, generator=g),
+                  "values": 0.1 * torch.randn(rows, resp, generator=g),
+                  "returns": torch.randn(rows, resp, generator=g)})
+
+
+# 8 rows; row 1 is 2 + 1 = 3 tokens (shorter than sp=4), the others of unequal lengths
+BATCH = dict(prompt_lens=[6, 2, 4, 3, 5, 6, 2, 4], resp_lens=[9, 1, 7, 3, 8, 5, 9, 2])
+
+COMMON = ["actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+          "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.use_kl_loss=True",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", "critic.ppo_mini_batch_size=4",
+          "critic.ppo_micro_batch_size_per_gpu=3"]
+LONG = ["actor_rollout_ref.model.enable_activation_offload=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.model.tile_mlp_tokens=8", "actor_rollout_ref.model.use_fused_kernels=True",
+        "actor_rollout_ref.model.fused_kernel_options.chunk_size=5"]
+DYN = ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20",
+       "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=20", "critic.forward_max_token_len_per_gpu=20"]
+
+
+def _engines(strategy, over, sp, world, device):
+    from rlx.engine.actor import ActorEngine
+    from rlx.engine.critic import CriticEngine
+
+    cfg = _cfg(strategy, COMMON + list(over) + [f"trainer.n_gpus_per_node={world}",
+                                                f"critic.ulysses_sequence_parallel_size={sp}"])
+    arr = cfg.actor_rollout_ref
+    torch.manual_seed(0)
+    actor = ActorEngine(role="actor", model_cfg=arr.model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
+                        strategy=strategy, device=device, world_size=world, rollout_n=2,
+                        temperature=0.7, sp_size=sp)
+    critic_over = [o.replace("actor_rollout_ref.model.", "critic.model.") for o in COMMON + list(over)
+                   if "fused" not in o]
+    cfg = _cfg(strategy, critic_over + [f"trainer.n_gpus_per_node={world}",
+                                        f"critic.ulysses_sequence_parallel_size={sp}"])
+    torch.manual_seed(0)
+    critic = CriticEngine(critic_cfg=cfg.critic, device=device, world_size=world)
+    return actor, critic
+
+
+def _run(strategy, over, sp, world, batch, dyn_forward, device=torch.device("cpu")):
+    """Outputs and gradients of one SP setting: this rank's rows are its data-parallel group's share."""
+    rank = torch.distributed.get_rank()
+    dp_rank, dp = rank // sp, world // sp
+    rows = batch.chunk(dp)[dp_rank]
+    actor, critic = _engines(strategy, over, sp, world, device)
+    out = dict(actor.compute_log_prob(rows, 3, with_entropy=True, max_token_len=dyn_forward).tensors)
+    out["values"] = critic.compute_values(rows)["values"]  # (both on the CPU: the engines' outputs)
+    g_actor = _capture_grads(actor)
+    m_actor = actor.update_policy(rows)
+    g_critic = _capture_grads(critic)
+    m_critic = critic.update_critic(rows)
+    losses = {k: m_actor[k] for k in ("actor/pg_loss", "actor/entropy", "actor/kl_loss")}
+    losses["critic/vf_loss"] = m_critic["critic/vf_loss"]
+    return out, dp_rank, dp, g_actor, g_critic, losses
+
+
+def _worst(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
+
+
+def _compare(case, got, ref, losses_got, losses_ref, per_rank_ref):
+    out_sp, dp_rank_sp, dp_sp = got[0], got[1], got[2]
+    world = torch.distributed.get_world_size()
+    # the reference's outputs from every rank, in row order, then this SP group's rows
+    gathered = [None] * world
+    torch.distributed.all_gather_object(gathered, per_rank_ref)
+    full = {k: torch.cat([g[k].cpu() for g in gathered]) for k in per_rank_ref}
+    mine = {k: v.chunk(dp_sp)[dp_rank_sp] for k, v in full.items()}
+    worst = {k: _worst(out_sp[k], mine[k]) for k in mine}  # log_probs, entropys, values
+    for what, a, b in (("actor grads", got[3], ref[3]), ("critic grads", got[4], ref[4])):
+        assert a.keys() == b.keys() and a, what
+        worst[what] = max(_worst(a[n].cpu(), b[n].cpu()) for n in a)
+    # a loss metric is this rank's share of the mini-batch's loss; summed over ranks, the same at any sp
+    worst["losses"] = max(abs(losses_got[k] - losses_ref[k]) / max(abs(losses_ref[k]), 1e-12) for k in losses_ref)
+    WORST[case] = {k: f"{v:.1e}" for k, v in worst.items()}
+    assert max(worst.values()) <= TOL, f"{case}: worst relative differences {WORST[case]}"
+
+
+def _summed_losses(losses):
+    dev = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([losses[k] for k in sorted(losses)], dtype=torch.float64, device=dev)
+    torch.distributed.all_reduce(t)
+    return {k: float(v) for k, v in zip(sorted(losses), t)}
+
+
+def _exactness_worker(rank, world, port, strategy, sps, cases, device_type="cpu"):
+    device = torch.device("cpu")
+    if device_type == "cuda":  # one GPU per rank, NCCL; fp32 (no TF32) so that the tolerance is the CPU one
+        torch.cuda.set_device(rank)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        device = torch.device("cuda", rank)
+    torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo",
+                                         init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        batch = lengths_batch(**BATCH)
+        for name, over, dyn_forward in cases:
+            ref = _run(strategy, over, 1, world, batch, dyn_forward, device)
+            ref_losses = _summed_losses(ref[5])
+            for sp in sps:
+                got = _run(strategy, over, sp, world, batch, dyn_forward, device)
+                _compare(f"{strategy} sp={sp} {name}", got, ref, _summed_losses(got[5]), ref_losses, ref[0])
+        if rank == 0:
+            print("ULYSSES WORST", WORST)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _spawn(fn, world, *args):
+    os.environ.setdefault("RLX_CACHE", os.path.expanduser("~/.cache/rlx"))
+    from rlx.models import resolve_model_path
+
+    resolve_model_path("builtin://tiny-qwen2")  # materialise once, before the ranks race for it
+    torch.multiprocessing.spawn(fn, args=(world, _free_port(), *args), nprocs=world, join=True)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
+def test_sp2_matches_sp1(strategy):
+    """FSDP1: HF checkpointing alone (its recompute runs the all-to-alls again); FSDP2: nothing on. Both: offload
+    + checkpointing + tiled MLP + fused head + dynamic batch size."""
+    first = ("hf-ckpt", ["actor_rollout_ref.model.enable_gradient_checkpointing=True"], None) if strategy == "fsdp" \
+        else ("plain", [], None)
+    _spawn(_exactness_worker, 2, strategy, (2,), [first, ("offload+ckpt+tile+fused+dyn", LONG + DYN, 20)])
+
+
+def test_sp4_gqa_repeats_kv_heads():
+    """4 ranks: sp=4 (2 KV heads repeated) and sp=2 against sp=1, with offload, tiling and the fused head."""
+    _spawn(_exactness_worker, 4, "fsdp2", (2, 4), [("offload+ckpt+tile+fused", LONG, None)])
+
+
+def _memory_worker(rank, world, port, out_file):
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        from rlx.engine.actor import ActorEngine
+
+        rows = lengths_batch([6] * 4, [120, 100, 110, 90], resp=120)  # 466 tokens, one micro-batch
+        got = {}
+        for sp in (1, 2):
+            cfg = _cfg("fsdp2", COMMON + ["actor_rollout_ref.model.enable_activation_offload=True",
+                                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                                          "actor_rollout_ref.actor.ppo_mini_batch_size=2"])
+            arr = cfg.actor_rollout_ref
+            torch.manual_seed(0)
+            # at sp=1 every rank runs all 4 rows (world_size=1 data parallel group's share), at sp=2 a half each
+            e = ActorEngine(role="actor", model_cfg=arr.model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
+                            strategy="fsdp2", device=torch.device("cpu"), world_size=sp, rollout_n=2,
+                            temperature=1.0, sp_size=sp)
+            e.update_policy(rows)
+            got[sp] = e.offloader.stats()["offloaded_bytes_last_step"]
+        if rank == 0:
+            torch.save(got, out_file)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_sp2_halves_saved_activations_per_rank(tmp_path):
+    """The activations the offload saw saved by the decoder layers (parameters excluded by storage), per rank,
+    for the same 466-token micro-batch: SP=2 about half of SP=1 (each rank holds 233 tokens)."""
+    out = str(tmp_path / "mem.pt")
+    _spawn(_memory_worker, 2, out)
+    got = torch.load(out)
+    ratio = got[2] / got[1]
+    print(f"saved activation bytes per rank: sp=1 {got[1] / 2**20:.2f} MiB, sp=2 {got[2] / 2**20:.2f} MiB, "
+          f"ratio {ratio:.3f}")
+    assert got[1] > 2**20 and 0.45 <= ratio <= 0.55, got
+
+
+# ---- validation (before Ray starts) ----------------------------------------------------------------------------
+A, R, C = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+           "actor_rollout_ref.ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size")
+SP_OK = ["trainer.device=cpu", "trainer.n_gpus_per_node=4", "data.train_batch_size=8",
+         "actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True",
+         "actor_rollout_ref.actor.use_kl_loss=True", "algorithm.adv_estimator=gae"]
+
+
+def _errors(over) -> str:
+    from rlx.config import load_config
+
+    with pytest.raises(ValueError) as e:
+        load_config(SP_OK + list(over))
+    return str(e.value)
+
+
+def test_sp_config_accepted():
+    from rlx.config import load_config
+
+    cfg = load_config(SP_OK + [f"{A}=2", f"{R}=4", f"{C}=2"])
+    assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
+    assert cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size == 4
+    # the ref follows the actor unless set (verl's default)
+    assert load_config(SP_OK + [f"{A}=2"]).actor_rollout_ref.ref.ulysses_sequence_parallel_size == 2
+
+
+@pytest.mark.parametrize("key", [A, R, C])
+def test_sp_must_divide_world_size(key):
+    msg = _errors([f"{key}=3", "actor_rollout_ref.model.override_config.num_attention_heads=6",
+                   "critic.model.override_config.num_attention_heads=6"])
+    assert f"{key}=3 must divide the world size 4" in msg and "trainer.n_gpus_per_node" in msg, msg
+
+
+@pytest.mark.parametrize("key,model", [(A, "actor_rollout_ref.model"), (R, "actor_rollout_ref.model"),
+                                       (C, "critic.model")])
+def test_sp_needs_remove_padding(key, model):
+    msg = _errors([f"{key}=2", f"{model}.use_remove_padding=False"])
+    assert f"{key}=2 shards the packed" in msg and f"Fix: {model}.use_remove_padding=True" in msg, msg
+
+
+def test_sp_must_divide_attention_heads_and_fit_kv_heads():
+    msg = _errors([f"{C}=4", "critic.model.override_config.num_attention_heads=6"])
+    assert f"{C}=4 must divide the model's num_attention_heads=6" in msg, msg
+    msg = _errors([f"{A}=4", "trainer.n_gpus_per_node=8",
+                   "actor_rollout_ref.model.override_config.num_attention_heads=8",
+                   "actor_rollout_ref.model.override_config.num_key_value_heads=6"])
+    assert f"{A}=4 and the model's num_key_value_heads=6" in msg, msg
+
+
+def test_sp_mini_batch_splits_over_data_parallel_groups():
+    from rlx.config import load_config
+
+    # 4 ranks, sp=2: 2 groups; 3 prompts x n=2 = 6 sequences split over 2 groups, not over 4 ranks
+    ok = ["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "critic.ppo_mini_batch_size=3",
+          "actor_rollout_ref.rollout.n=2"]
+    load_config(SP_OK + ok + [f"{A}=2", f"{C}=2"])
+    msg = _errors(ok + [f"{A}=1", f"{C}=2"])
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n = 3*2 = 6 sequences must divide across world" \
+        in msg and "critic.ppo_mini_batch_size" not in msg, msg
+
+
+@pytest.mark.gpu
+def test_sp2_matches_sp1_on_two_gpus():
+    """The same exactness check on 2 GPUs over NCCL (fp32, FSDP2, offload + checkpointing + tiling + fused head);
+    needs 2 visible GPUs."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    _spawn(_exactness_worker, 2, "fsdp2", (2,), [("offload+ckpt+tile+fused+dyn", LONG + DYN, 20)], "cuda")
