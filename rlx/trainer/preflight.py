@@ -224,12 +224,13 @@ def _check_reward(cfg: RLXConfig, datasets: list, problems: list[str]):
 
 # ---------------------------------------------------------------------------------------------- checkpoints
 def _check_writable(cfg: RLXConfig, problems: list[str]) -> None:
-    """`trainer.default_local_dir` must take files if anything goes there (checkpoints, tensorboard logs)."""
+    """`trainer.default_local_dir` must take files if anything goes there (checkpoints, file / tensorboard logs)."""
     import tempfile
 
+    from rlx.config.validate import local_dir_writers
+
     t = cfg.trainer
-    loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-    if t.save_freq <= 0 and "tensorboard" not in loggers:
+    if not local_dir_writers(cfg):
         return
     target = os.path.abspath(t.default_local_dir)
     probe = target
