@@ -157,6 +157,8 @@ class WorkerGroup:
                 for rank, w in enumerate(self.workers)]
         outs = ray.get(refs)[::replicas]
         out = Batch.concat(outs)
+        if "metrics" in outs[0].meta:  # per-rank metrics of the call (timings, memory): reduced over ranks
+            out.meta = dict(out.meta, metrics=_reduce([o.meta["metrics"] for o in outs]))
         return out.slice(0, size) if pad else out
 
     def run_dp_metrics(self, method: Method, batch: Batch, **kwargs) -> dict:
@@ -164,8 +166,7 @@ class WorkerGroup:
         (`perf/*memory*`, `perf/*offload_pool*`), which are the max over ranks: the rank that runs out first."""
         chunks = batch.chunk(self.world_size)
         outs = ray.get([getattr(w, _name(method)).remote(c, **kwargs) for w, c in zip(self.workers, chunks)])
-        return {k: (max(o[k] for o in outs) if _is_peak(k) else sum(o[k] for o in outs) / len(outs))
-                for k in outs[0]}
+        return _reduce(outs)
 
     def shutdown(self):
         """Kill this role's workers; the pool's placement group goes when its last group is shut down."""
@@ -177,6 +178,11 @@ class WorkerGroup:
 
 def _name(method: Method) -> str:
     return method if isinstance(method, str) else method.__name__
+
+
+def _reduce(outs: list[dict]) -> dict:
+    """The rank-mean of per-rank metric dicts; memory figures are the max over ranks."""
+    return {k: (max(o[k] for o in outs) if _is_peak(k) else sum(o[k] for o in outs) / len(outs)) for k in outs[0]}
 
 
 def _is_peak(metric: str) -> bool:
