@@ -17,6 +17,7 @@ All of it: ~8-10 min on one H100. Run with
 """
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -312,4 +313,7 @@ def test_gsm8k_recipe_on_one_gpu(script, gsm8k, random_0_5b, tmp_path):
         print(f"{script} step {m['step'] if 'step' in m else '?'}: score {m['critic/score/mean']:.3f}, response "
               f"{m['response_length/mean']:.0f} tokens, step {m['timing_s/step']:.1f}s (generate "
               f"{m['timing_s/rollout/generate']:.1f}s, {m['perf/rollout/generated_tokens_per_s']:.0f} tokens/s)")
-        assert m["actor/grad_norm"] > 0
+        # random weights score 0 on GSM8K: GRPO's advantages (and gradient) are then 0; GAE's are not
+        assert all(math.isfinite(m[k]) for k in ("actor/pg_loss", "actor/grad_norm", "response_length/mean")), m
+        if script == "run_ppo_gsm8k.sh":
+            assert m["critic/grad_norm"] > 0 and m["actor/grad_norm"] > 0, m
