@@ -187,7 +187,8 @@ def main() -> int:
 
     steps = {r: (a.vllm_steps if r == "vllm" else a.hf_steps) for r in results}
     print(f"\n### GRPO job, {device}, vLLM {vllm_version}, torch {torch.__version__}")
-    print(f"{'Qwen2.5-0.5B dims (random bf16 weights)' if not a.model_dir else a.model_dir}, {a.prompts} prompts x n={a.n}, responses up to {a.response} "
+    model_label = a.model_dir or "Qwen2.5-0.5B dims (random bf16 weights)"
+    print(f"{model_label}, {a.prompts} prompts x n={a.n}, responses up to {a.response} "
           f"tokens, offload + checkpointing + remove padding + dynamic batch size, FSDP2, KL loss (ref pass). Seconds "
           f"per phase: mean over the steps after the first when a job has several ("
           + ", ".join(f"{r}: {s} step(s), job {walls[r]:.0f} s" for r, s in steps.items()) + ").\n")

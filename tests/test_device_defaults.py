@@ -100,7 +100,8 @@ def test_relative_outputs_of_a_ray_job_are_a_config_error(monkeypatch):
         load_config(["trainer.device=cpu", "ray_init.timeline_json_file=timeline.json"])
     monkeypatch.setenv("TENSORBOARD_DIR", "tb")
     with pytest.raises(ValueError, match=r"TENSORBOARD_DIR"):
-        load_config(["trainer.device=cpu", "trainer.default_local_dir=/abs/out", "trainer.logger=[console,tensorboard]"])
+        load_config(["trainer.device=cpu", "trainer.default_local_dir=/abs/out",
+                     "trainer.logger=[console,tensorboard]"])
     # tensorboard writes to an absolute TENSORBOARD_DIR: nothing goes to the relative default_local_dir
     monkeypatch.setenv("TENSORBOARD_DIR", "/abs/tb")
     assert load_config(["trainer.device=cpu", "trainer.logger=[console,tensorboard]"]).trainer.default_local_dir \

@@ -71,7 +71,8 @@ def test_engine_kwargs_of_each_release():
     msg = str(e.value)
     assert "actor_rollout_ref.rollout.engine_kwargs.calculate_kv_scales (an engine argument of vLLM 0.22, removed " \
            "by 0.32)" in msg and "installed vLLM 0.32.0" in msg
-    with pytest.raises(ValueError, match=r"engine_kwargs.sleep_mode_offload_cudagraph \(an engine argument from vLLM 0.32 on\)"):
+    with pytest.raises(ValueError, match=r"engine_kwargs.sleep_mode_offload_cudagraph \(an engine argument from "
+                                         r"vLLM 0.32 on\)"):
         vc.check_engine_kwargs({"sleep_mode_offload_cudagraph": True}, fields_022, "0.22.0")
     with pytest.raises(ValueError, match=r"engine_kwargs.not_a_key: not an engine argument"):
         vc.check_engine_kwargs({"not_a_key": 1}, fields_032, "0.32.0")
@@ -113,7 +114,8 @@ def test_rollout_refuses_an_engine_argument_of_another_release():
     from rlx.config.schema import RolloutConfig
     from rlx.workers.rollout.vllm_rollout import VLLMRollout
 
-    key = "calculate_kv_scales" if vc.api_for(vllm.__version__).wake_up_reports_awake else "sleep_mode_offload_cudagraph"
+    newer = vc.api_for(vllm.__version__).wake_up_reports_awake
+    key = "calculate_kv_scales" if newer else "sleep_mode_offload_cudagraph"
     cfg = RolloutConfig(name="vllm", engine_kwargs={key: True})
     with pytest.raises(ValueError, match=rf"actor_rollout_ref.rollout.engine_kwargs.{key} .*not an engine argument "
                                          rf"of the installed vLLM {vllm.__version__}"):
