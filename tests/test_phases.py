@@ -38,3 +38,38 @@ def test_missing_file_and_no_steps(tmp_path, capsys):
     path.write_text(json.dumps({"step": 0, "val/x/reward/mean": 0.1}) + "\n")
     assert phases.main([str(path)]) == 0
     assert "no training steps" in capsys.readouterr().out
+
+
+def test_worker_phase_measurement_on_cuda_and_cpu(monkeypatch):
+    """`Worker.measured`: seconds summed over repeats of a phase; on CUDA also the device's memory in use after it
+    (total - free, what the phase view shows), read after the phase's kernels finished."""
+    import torch
+
+    from rlx.workers.base_worker import Worker
+
+    GiB = 2**30
+    free = [70 * GiB]
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (free[0], 80 * GiB))
+    w = Worker.__new__(Worker)
+    w.device = torch.device("cuda")
+    m = {}
+    with w.measured("wake", m, "rollout/wake"):
+        free[0] = 40 * GiB  # the engine's weights and cache came back
+    with w.measured("wake", m, "rollout/wake"):
+        pass
+    with w.measured("update_actor", m):
+        free[0] = 60 * GiB
+    assert calls == ["sync"] * 3
+    assert set(m) == {"timing_s/rollout/wake", "perf/gpu_memory_gib/after_wake", "perf/gpu_memory_gib/total",
+                      "perf/gpu_memory_gib/after_update_actor"}
+    assert m["perf/gpu_memory_gib/after_wake"] == 40 and m["perf/gpu_memory_gib/after_update_actor"] == 20
+    assert m["perf/gpu_memory_gib/total"] == 80 and m["timing_s/rollout/wake"] >= 0
+    w.device = torch.device("cpu")
+    cpu = {}
+    with w.measured("generate", cpu, "rollout/generate"):
+        pass
+    with w.measured("old_log_prob", cpu):
+        pass
+    assert list(cpu) == ["timing_s/rollout/generate"] and calls == ["sync"] * 3
