@@ -114,7 +114,18 @@ def fake_vllm_module():
         def __init__(self, **kwargs):
             self.kwargs = kwargs
 
-    vllm.LLM, vllm.SamplingParams = LLM, SamplingParams
+    import dataclasses
+
+    @dataclasses.dataclass
+    class EngineArgs:  # the engine arguments a user's rollout.engine_kwargs may name (none here)
+        pass
+
+    arg_utils = types.ModuleType("vllm.engine.arg_utils")
+    arg_utils.EngineArgs = EngineArgs
+    engine = types.ModuleType("vllm.engine")
+    engine.arg_utils = arg_utils
+    sys.modules["vllm.engine"], sys.modules["vllm.engine.arg_utils"] = engine, arg_utils
+    vllm.LLM, vllm.SamplingParams, vllm.engine, vllm.__version__ = LLM, SamplingParams, engine, "0.32.0"
     return vllm
 
 

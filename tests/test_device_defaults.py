@@ -85,15 +85,39 @@ def test_cuda_on_a_cluster_is_checked_against_the_cluster_not_this_machine(monke
 
 
 def test_relative_outputs_of_a_ray_job_are_a_config_error(monkeypatch):
+    """A Ray job's working dir is a temporary copy: a relative path is refused when the job writes there."""
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what the job supervisor sets for the driver
-    with pytest.raises(ValueError, match=r"trainer.default_local_dir='checkpoints/rlx/default' is a relative path"):
-        load_config(["trainer.device=cpu"])
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    relative = r"trainer.default_local_dir='checkpoints/rlx/default' is a relative path"
+    for writer, why in (("trainer.save_freq=1", "checkpoints"), ("trainer.logger=[console,file]", "file logger"),
+                        ("trainer.logger=[console,tensorboard]", "tensorboard event files")):
+        with pytest.raises(ValueError, match=relative) as e:
+            load_config(["trainer.device=cpu", writer])
+        assert why in str(e.value), (writer, str(e.value))
+    with pytest.raises(ValueError, match=r"ray_init.timeline_json_file='timeline.json' is a relative path"):
+        load_config(["trainer.device=cpu", "ray_init.timeline_json_file=timeline.json"])
+    monkeypatch.setenv("TENSORBOARD_DIR", "tb")
     with pytest.raises(ValueError, match=r"TENSORBOARD_DIR"):
-        monkeypatch.setenv("TENSORBOARD_DIR", "tb")
-        load_config(["trainer.device=cpu", "trainer.default_local_dir=/abs/out"])
-    monkeypatch.delenv("TENSORBOARD_DIR")
-    assert load_config(["trainer.device=cpu", "trainer.default_local_dir=/abs/out"]).trainer.default_local_dir \
-        == "/abs/out"
+        load_config(["trainer.device=cpu", "trainer.default_local_dir=/abs/out",
+                     "trainer.logger=[console,tensorboard]"])
+    # tensorboard writes to an absolute TENSORBOARD_DIR: nothing goes to the relative default_local_dir
+    monkeypatch.setenv("TENSORBOARD_DIR", "/abs/tb")
+    assert load_config(["trainer.device=cpu", "trainer.logger=[console,tensorboard]"]).trainer.default_local_dir \
+        == "checkpoints/rlx/default"
+    assert load_config(["trainer.device=cpu", "trainer.default_local_dir=/abs/out", "trainer.save_freq=1",
+                        "trainer.logger=[console,file]"]).trainer.default_local_dir == "/abs/out"
+
+
+def test_ray_job_writing_nothing_locally_runs_with_the_default_relative_dir(monkeypatch):
+    """`ray job submit -- python -m rlx.trainer.main_ppo trainer.total_training_steps=1`: no checkpoint, console
+    logger only, so the relative default trainer.default_local_dir is never written and not refused; a relative
+    TENSORBOARD_DIR without the tensorboard logger is never read either."""
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.setenv("TENSORBOARD_DIR", "tb")
+    cfg = load_config(["trainer.device=cpu", "trainer.total_training_steps=1"])
+    assert cfg.trainer.default_local_dir == "checkpoints/rlx/default" and cfg.trainer.save_freq <= 0
+    assert cfg.trainer.logger == ["console"]
 
 
 def test_relative_outputs_outside_a_ray_job_are_fine(monkeypatch):

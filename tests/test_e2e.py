@@ -122,6 +122,30 @@ def test_grpo_fsdp2_vllm_rollout_with_offload(ray_local, tmp_path):
     for m in history:
         assert m["training/rollout_probs_diff_mean"] < 1e-3, m["training/rollout_probs_diff_mean"]
         assert m["perf/update_actor/offloaded_activation_gb"] > 0
+        # the rollout's phases, measured in the worker, are parts of the driver's gen
+        parts = [m[f"timing_s/rollout/{p}"] for p in ("wake", "sync", "generate", "sleep")]
+        assert all(t >= 0 for t in parts) and parts[2] > 0 and sum(parts) <= m["timing_s/gen"], m
+        assert m["perf/rollout/generated_tokens_per_s"] > 0
+    _check_phases_view(tmp_path / "logs" / "metrics.jsonl", history)
+
+
+def _check_phases_view(path, history):
+    """`python -m rlx.trainer.phases <metrics.jsonl>` on this real run: one row per step, the logged seconds."""
+    proc = subprocess.run([sys.executable, "-m", "rlx.trainer.phases", str(path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    header = lines[1].split()
+    for col in ("gen:wake", "gen:sync", "gen:generate", "gen:sleep", "gen", "old_log_prob", "update_actor", "other",
+                "step_s", "gen_tok/s"):
+        assert col in header, (col, proc.stdout)
+    rows = [line.split() for line in lines[2:2 + len(history)]]
+    for step, (row, m) in enumerate(zip(rows, history), 1):
+        cells = dict(zip(header, row))
+        assert cells["step"] == str(step), proc.stdout
+        assert cells["gen:generate"] == f"{m['timing_s/rollout/generate']:.2f}", proc.stdout
+        assert cells["update_actor"] == f"{m['timing_s/update_actor']:.2f}", proc.stdout
+        assert cells["step_s"] == f"{m['timing_s/step']:.2f}", proc.stdout
 
 
 def test_ppo_with_activation_offload_on_actor_and_critic(ray_local, tmp_path):

@@ -117,6 +117,9 @@ def test_unwritable_checkpoint_dir(tmp_path):
     msg = problems("trainer.save_freq=1", f"trainer.default_local_dir={blocker}/ckpts")
     assert "trainer.default_local_dir=" in msg and "is a file, not a directory" in msg
     preflight(load_config([f"trainer.default_local_dir={blocker}/ckpts"]))  # nothing is written there: no check
+    # the file logger writes <default_local_dir>/logs/metrics.jsonl
+    assert "is a file, not a directory" in problems("trainer.logger=[console,file]",
+                                                    f"trainer.default_local_dir={blocker}/ckpts")
 
 
 def _complete_step(root, step):

@@ -219,10 +219,13 @@ def _rank_nodes(logs: str, role: str) -> list[str]:
 
 def test_ray_job_submit_joins_the_cluster(ray_head):
     address, gcs_address, env, tmp = ray_head
-    # relative output paths would land in Ray's temporary copy of the working dir: refused at config time
-    ok, logs, seconds = _submit(address, env, JOB_ARGS)
+    # relative output paths would land in Ray's temporary copy of the working dir: refused at config time when the
+    # job writes there (here: tensorboard event files) ...
+    ok, logs, seconds = _submit(address, env, JOB_ARGS + ["trainer.logger=[console,tensorboard]"])
     assert not ok and "trainer.default_local_dir='checkpoints/rlx/default' is a relative path" in logs, logs
     assert seconds < 60 and "Started a local Ray" not in logs
+    # ... while the same job writing nothing there runs with the relative default: see
+    # test_device_defaults.test_ray_job_writing_nothing_locally_runs_with_the_default_relative_dir
     out = os.path.join(tmp, "out")
     ok, logs, seconds = _submit(address, env, JOB_ARGS + [f"trainer.default_local_dir={out}",
                                                           "trainer.logger=[console,tensorboard]"])

@@ -7,14 +7,16 @@ import torch
 
 from rlx.config.schema import RolloutConfig
 from rlx.protocol import Batch
+from rlx.workers.rollout import vllm_compat
 from rlx.workers.rollout.vllm_rollout import SLEEP_TAGS, VLLMRollout, check_gpu_memory_budget
 
 GIB = 1 << 30
 
 
-def _rollout(rank=0, world_size=4, tp=2, device="cuda", **cfg):
+def _rollout(rank=0, world_size=4, tp=2, device="cuda", vllm_version="0.22.0", **cfg):
     """A VLLMRollout with its attributes set as __init__ sets them, minus the engine."""
     r = VLLMRollout.__new__(VLLMRollout)
+    r.api = vllm_compat.api_for(vllm_version)
     base = dict(tensor_model_parallel_size=tp, gpu_memory_utilization=0.4, free_cache_engine=True, seed=7,
                 enforce_eager=True, max_num_seqs=64, max_model_len=None, enable_chunked_prefill=True,
                 max_num_batched_tokens=8192, disable_log_stats=True)
@@ -42,14 +44,15 @@ def test_cuda_engine_args_tp_groups_share_a_seed():
 
 
 class FakeLLM:
-    def __init__(self, calls):
-        self.calls = calls
+    def __init__(self, calls, awake_reply=None):
+        self.calls, self.awake_reply = calls, awake_reply
 
     def sleep(self, level):
         self.calls.append(("sleep", level))
 
     def wake_up(self, tags=None):
         self.calls.append(("wake_up", tuple(tags) if tags else None))
+        return self.awake_reply(tags) if self.awake_reply else None
 
     def collective_rpc(self, method, kwargs):
         self.calls.append(("rpc", method, len(list(kwargs["weights_iterator"]))))
@@ -93,6 +96,31 @@ def test_generation_without_a_sync_wakes_everything(rollout):
     calls.clear()
     r.wake_up()
     assert calls == [("empty_cache",), ("wake_up", ("weights", "kv_cache"))]
+
+
+@pytest.mark.parametrize("version", ["0.22.0", "0.32.0"])
+def test_wake_up_of_each_release(monkeypatch, version):
+    """0.32 reports whether the engine is fully awake (and schedules only then): a wake that leaves it asleep is an
+    error instead of a generation that waits forever; 0.22 reports nothing."""
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    calls = []
+    r = _rollout(vllm_version=version)
+    r._llm_kwargs = r._engine_args({})
+    engine_says_awake = [True]
+    reply = (lambda tags: engine_says_awake[0] or "kv_cache" not in tags) if version == "0.32.0" else None
+    r.llm = FakeLLM(calls, reply)
+    r.release()
+    r.wake_up("weights")
+    r.wake_up()
+    assert r._asleep == set()
+    r.release()
+    engine_says_awake[0] = False  # e.g. an allocation tag that rlx did not wake
+    if version == "0.32.0":
+        r.wake_up("weights")  # partly awake is expected here
+        with pytest.raises(RuntimeError, match="reports the engine still asleep"):
+            r.wake_up("kv_cache")
+    else:
+        r.wake_up()
 
 
 def test_no_sleep_mode_means_no_sleep_calls(rollout):

@@ -381,21 +381,48 @@ def in_ray_job() -> bool:
     return "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
 
 
+def local_dir_writers(cfg) -> list[str]:
+    """What the job will write under `trainer.default_local_dir` (empty: nothing, so its path does not matter):
+    checkpoints, the file logger, tensorboard's event files (unless TENSORBOARD_DIR names their place), wandb's
+    local files (unless WANDB_DIR does)."""
+    t = cfg.trainer
+    loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
+    writers = []
+    if t.save_freq > 0:
+        writers.append(f"checkpoints (trainer.save_freq={t.save_freq})")
+    if "file" in loggers:
+        writers.append("the file logger's metrics.jsonl (trainer.logger has file)")
+    if "tensorboard" in loggers and not os.environ.get("TENSORBOARD_DIR"):
+        writers.append("tensorboard event files (trainer.logger has tensorboard, TENSORBOARD_DIR is unset)")
+    if "wandb" in loggers and not os.environ.get("WANDB_DIR"):
+        writers.append("wandb's local files (trainer.logger has wandb, WANDB_DIR is unset)")
+    return writers
+
+
 def _check_output_paths(cfg, errors):
     """Under `ray job submit` the driver's working directory is Ray's temporary copy of --working-dir, deleted when
-    the job ends: whatever the job writes must go to an absolute path."""
+    the job ends: whatever the job writes must go to an absolute path. A relative path the job never writes to
+    (`trainer.default_local_dir` of a job without checkpoints or file logs) is fine."""
     if not in_ray_job():
         return
     t = cfg.trainer
-    paths = {"trainer.default_local_dir": t.default_local_dir, "trainer.resume_from_path": t.resume_from_path}
+    paths = {}
+    writers = local_dir_writers(cfg)
+    if writers:
+        paths["trainer.default_local_dir"] = (t.default_local_dir, ", ".join(writers) + " go there")
+    if t.resume_mode == "resume_path":
+        paths["trainer.resume_from_path"] = (t.resume_from_path, "the checkpoint to resume from is read there")
+    if cfg.ray_init.timeline_json_file:
+        paths["ray_init.timeline_json_file"] = (cfg.ray_init.timeline_json_file, "Ray's timeline is written there")
     loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-    env_keys = ["TENSORBOARD_DIR"] + (["WANDB_DIR"] if "wandb" in loggers else [])
-    paths.update({f"the environment variable {k}": os.environ.get(k) for k in env_keys})
-    for key, path in paths.items():
+    env_keys = (["TENSORBOARD_DIR"] if "tensorboard" in loggers else []) + (["WANDB_DIR"] if "wandb" in loggers
+                                                                              else [])
+    paths.update({f"the environment variable {k}": (os.environ.get(k), "logs go there") for k in env_keys})
+    for key, (path, why) in paths.items():
         if path and not os.path.isabs(os.path.expanduser(path)):
-            errors.append(f"{key}={path!r} is a relative path, and this driver runs as a Ray job in Ray's temporary "
-                          f"copy of the working dir ({os.getcwd()}), deleted when the job ends. Fix: give an "
-                          f"absolute path on the head node (or shared storage), e.g. {key.split()[-1]}="
+            errors.append(f"{key}={path!r} is a relative path ({why}), and this driver runs as a Ray job in Ray's "
+                          f"temporary copy of the working dir ({os.getcwd()}), deleted when the job ends. Fix: give "
+                          f"an absolute path on the head node (or shared storage), e.g. {key.split()[-1]}="
                           f"/abs/path/{path.lstrip('./')}.")
 
 

@@ -35,6 +35,13 @@ def timed(name: str, timing: dict):
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
+def worker_metrics(out: Batch, metrics: dict) -> Batch:
+    """Move what the workers measured during a call (`meta["metrics"]`: the rollout's phases, GPU memory after each
+    phase) into the step's metrics; returns `out` without it."""
+    metrics.update(out.meta.pop("metrics", {}))
+    return out
+
+
 class TrainingStopped(RuntimeError):
     """The run cannot usefully go on (a reward that is not a finite number, optimizer steps skipped again and
     again): the entry point reports it in one block and exits non-zero."""
@@ -182,21 +189,21 @@ class RayPPOTrainer:
         metrics: dict[str, float] = {}
         with timed("step", timing):
             with timed("gen", timing):
-                batch = self.generate(prompts, validate=False)
+                batch = worker_metrics(self.generate(prompts, validate=False), metrics)
             batch = self.balance_batch(batch, metrics)
             with timed("reward", timing):
                 self.compute_reward(batch, metrics)
             with timed("old_log_prob", timing):
-                batch = batch.union(self.actor.compute_log_prob(batch))
+                batch = batch.union(worker_metrics(self.actor.compute_log_prob(batch), metrics))
             if "rollout_log_probs" in batch:
                 metrics.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"],
                                                   batch["response_mask"]))
             if self.use_ref:
                 with timed("ref", timing):
-                    batch = batch.union(self.actor.compute_ref_log_prob(batch))
+                    batch = batch.union(worker_metrics(self.actor.compute_ref_log_prob(batch), metrics))
             if self.use_critic:
                 with timed("values", timing):
-                    batch = batch.union(self.critic.compute_values(batch))
+                    batch = batch.union(worker_metrics(self.critic.compute_values(batch), metrics))
             with timed("adv", timing):
                 self.compute_advantage(batch, metrics)
             if self.use_critic:

@@ -12,6 +12,8 @@ seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
   least one batch;
 - reward: the custom reward file imports and defines the function; without one, every `data_source` has a
   built-in reward;
+- rollout: the vLLM a vLLM rollout will use is not older than the oldest supported release and was built for the
+  installed torch (`rlx.workers.rollout.vllm_compat`);
 - checkpoints: `trainer.default_local_dir` is writable when something will be written there, and the checkpoint
   to resume from exists, is complete and matches its checksums.
 
@@ -81,6 +83,7 @@ def preflight(cfg: RLXConfig) -> DriverInputs:
     else:
         problems.append("data.train_files / data.val_files: not checked (no tokenizer to read them with; see above).")
     score_fn = _check_reward(cfg, [ds for ds in (train, val) if ds is not None], problems)
+    _check_vllm(cfg, problems)
     _check_writable(cfg, problems)
     resume_dir = _check_resume(cfg, problems)
     if problems:
@@ -222,14 +225,40 @@ def _check_reward(cfg: RLXConfig, datasets: list, problems: list[str]):
     return fn
 
 
+# ---------------------------------------------------------------------------------------------- rollout
+def _check_vllm(cfg: RLXConfig, problems: list[str]) -> None:
+    """The vLLM the rollout will use is one rlx supports, built for the installed torch (read from its files)."""
+    import torch
+
+    from rlx.workers.rollout import vllm_compat
+
+    name = cfg.actor_rollout_ref.rollout.name
+    version = vllm_compat.installed_version() if name in ("vllm", "auto") else None
+    if version is None:  # not installed: rollout.name=vllm is a config error, auto falls back to hf
+        return
+    try:
+        vllm_compat.parse_version(version)
+    except ValueError:
+        log.warning("vLLM reports the version %r, which rlx cannot read; %s", version, vllm_compat.supported_line())
+        return
+    problem = vllm_compat.unsupported_reason(version) or vllm_compat.torch_mismatch(
+        version, vllm_compat.installed_torch_pin(), torch.__version__)
+    if problem:
+        problems.append(problem)
+    elif vllm_compat.newer_than_tested(version):
+        log.warning("vLLM %s is newer than the releases rlx is tested with (%s)", version,
+                    vllm_compat.supported_line())
+
+
 # ---------------------------------------------------------------------------------------------- checkpoints
 def _check_writable(cfg: RLXConfig, problems: list[str]) -> None:
-    """`trainer.default_local_dir` must take files if anything goes there (checkpoints, tensorboard logs)."""
+    """`trainer.default_local_dir` must take files if anything goes there (checkpoints, file / tensorboard logs)."""
     import tempfile
 
+    from rlx.config.validate import local_dir_writers
+
     t = cfg.trainer
-    loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-    if t.save_freq <= 0 and "tensorboard" not in loggers:
+    if not local_dir_writers(cfg):
         return
     target = os.path.abspath(t.default_local_dir)
     probe = target

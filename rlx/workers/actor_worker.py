@@ -60,34 +60,54 @@ class ActorRolloutRefWorker(Worker):
 
     # ---- the steps the driver calls ----------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch) -> Batch:
-        """Sync the FSDP weights into the rollout engine, generate, free the engine's cache."""
+        """Sync the FSDP weights into the rollout engine, generate, free the engine's cache. The result's
+        `meta["metrics"]` holds the rollout's phases: `timing_s/rollout/{wake,sync,generate,sleep}`,
+        `perf/rollout/generated_tokens_per_s` (this rank's) and the GPU memory after each phase."""
         from rlx.engine.weights import iter_full_params
 
-        with self.actor.phase():
-            self.rollout.sync_weights(iter_full_params(self.actor.module))
+        m: dict = {}
+        with self.measured("wake", m, "rollout/wake"):  # vLLM sleep mode: the engine's weights come back first
+            self.rollout.wake_up("weights")
+        with self.measured("sync", m, "rollout/sync"):
+            with self.actor.phase():
+                self.rollout.sync_weights(iter_full_params(self.actor.module))
+        with self.measured("wake", m, "rollout/wake"):  # the KV cache once the FSDP shards left (param offload)
+            self.rollout.wake_up("kv_cache")
         if self.rollout_name == "hf":  # the vLLM rollout derives per-data-parallel-rank seeds itself (TP-aware)
             prompts.meta = dict(prompts.meta, seed=int(prompts.meta.get("seed", 0)) * 1000 + self.rank)
-        out = self.rollout.generate_sequences(prompts)
-        self.rollout.release()
+        with self.measured("generate", m, "rollout/generate"):
+            out = self.rollout.generate_sequences(prompts)
+        with self.measured("sleep", m, "rollout/sleep"):
+            self.rollout.release()
+        m["perf/rollout/generated_tokens_per_s"] = float(out["response_mask"].sum()) / max(
+            m["timing_s/rollout/generate"], 1e-9)
+        out.meta = dict(out.meta, metrics=m)
         return out
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         r = self.cfg.actor_rollout_ref.rollout
-        out = self.actor.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu, with_entropy=False,
-                                          max_token_len=r.log_prob_max_token_len_per_gpu
-                                          if r.log_prob_use_dynamic_bsz else None)
-        return Batch({"old_log_probs": out["log_probs"]})
+        m: dict = {}
+        with self.measured("old_log_prob", m):
+            out = self.actor.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu, with_entropy=False,
+                                              max_token_len=r.log_prob_max_token_len_per_gpu
+                                              if r.log_prob_use_dynamic_bsz else None)
+        return Batch({"old_log_probs": out["log_probs"]}, meta={"metrics": m})
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         assert self.ref is not None, "ref model requested but no KL term is configured"
         r = self.cfg.actor_rollout_ref.ref
-        out = self.ref.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu,
-                                        max_token_len=r.log_prob_max_token_len_per_gpu
-                                        if r.log_prob_use_dynamic_bsz else None)
-        return Batch({"ref_log_prob": out["log_probs"]})
+        m: dict = {}
+        with self.measured("ref", m):
+            out = self.ref.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu,
+                                            max_token_len=r.log_prob_max_token_len_per_gpu
+                                            if r.log_prob_use_dynamic_bsz else None)
+        return Batch({"ref_log_prob": out["log_probs"]}, meta={"metrics": m})
 
     def update_actor(self, batch: Batch) -> dict:
-        return self.actor.update_policy(batch)
+        m: dict = {}
+        with self.measured("update_actor", m):
+            out = self.actor.update_policy(batch)
+        return {**out, **m}
 
     def save_checkpoint(self, path: str) -> None:
         """Sharded actor checkpoint, with an HF-format export (from_pretrained, vLLM) when `checkpoint.save_contents`

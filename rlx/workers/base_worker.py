@@ -1,9 +1,11 @@
 """What every worker role shares: rank bookkeeping and joining the role's process group."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import time
 
 import torch
 
@@ -53,3 +55,23 @@ class Worker:
             os.environ["LOCAL_RANK"] = str(ray_local_gpu_index())
         self.device = init_distributed(self.cfg.trainer.device, self.rank, self.world_size, master_addr, master_port)
         torch.manual_seed(self.cfg.trainer.seed)
+
+    @contextlib.contextmanager
+    def measured(self, phase: str, metrics: dict, timing: str | None = None):
+        """On CUDA, record into `metrics` the GPU memory in use once `phase` is over (`perf/gpu_memory_gib/after_
+        <phase>`: the device's total minus its free memory, so everything on the GPU counts: torch's cached blocks,
+        vLLM's pool, a colocated role); with `timing`, also the phase's seconds (`timing_s/<timing>`, summed when
+        the phase repeats; on CUDA its kernels are waited for, so the time is the phase's own). Nothing on CPU but
+        the timing."""
+        cuda = self.device is not None and self.device.type == "cuda"
+        start = time.perf_counter()
+        yield
+        if cuda:
+            torch.cuda.synchronize()
+        if timing:
+            key = f"timing_s/{timing}"
+            metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
+        if cuda:
+            free, total = torch.cuda.mem_get_info()
+            metrics[f"perf/gpu_memory_gib/after_{phase}"] = (total - free) / 2**30
+            metrics["perf/gpu_memory_gib/total"] = total / 2**30

@@ -15,10 +15,17 @@ class CriticWorker(Worker):
                                    total_steps=total_steps)
 
     def compute_values(self, batch: Batch) -> Batch:
-        return self.critic.compute_values(batch)
+        m: dict = {}
+        with self.measured("values", m):
+            out = self.critic.compute_values(batch)
+        out.meta = dict(out.meta, metrics=m)
+        return out
 
     def update_critic(self, batch: Batch) -> dict:
-        return self.critic.update_critic(batch)
+        m: dict = {}
+        with self.measured("update_critic", m):
+            out = self.critic.update_critic(batch)
+        return {**out, **m}
 
     def save_checkpoint(self, path: str) -> None:
         from rlx.checkpoint import save_engine

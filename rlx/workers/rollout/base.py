@@ -2,9 +2,12 @@
 
 A rollout lives inside the actor worker process. The worker calls, for every generation:
 
+    rollout.wake_up("weights")                 # vLLM sleep mode: weights back on the GPU (no-op for HF)
     rollout.sync_weights(named_full_params)   # iterator of (name, full tensor) from the FSDP actor
+    rollout.wake_up("kv_cache")                # once the FSDP shards are back on the host (param offload)
     out = rollout.generate_sequences(prompts)  # prompts: Batch, see below
     rollout.release()                          # free KV cache / sleep between rollouts (no-op for HF)
+(`sync_weights` and `generate_sequences` wake what they need themselves when the worker did not.)
 
 `prompts` holds LEFT-padded tensors `input_ids`, `attention_mask`, `position_ids` of shape [B, P] and meta
 `{"n": int, "do_sample": bool, "temperature": float, "top_p": float, "top_k": int, "seed": int}` (the worker
@@ -31,6 +34,8 @@ from rlx.protocol import Batch
 
 
 class Rollout(Protocol):
+    def wake_up(self, *tags: str) -> None: ...
+
     def sync_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
     def generate_sequences(self, prompts: Batch) -> Batch: ...

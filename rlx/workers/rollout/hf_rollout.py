@@ -92,6 +92,9 @@ class HFRollout:
             cur_ids = tok[:, None]
         return out.cpu(), lps.cpu()
 
+    def wake_up(self, *tags: str) -> None:
+        pass  # nothing sleeps
+
     def release(self) -> None:
         pass
 

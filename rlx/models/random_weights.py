@@ -1,0 +1,75 @@
+"""Local HF model directories of a real model's dimensions with seeded random weights, for GPU tests and benchmarks
+(nothing to download): the weights are bf16 N(0, 0.02) (norms 1, biases 0, seed 0), the tokenizer is rlx's byte
+tokenizer (any text encodes; ids past its 259 tokens decode to nothing), the embedding keeps the model's vocabulary.
+Written once, atomically, and reused.
+
+    python -m rlx.models.random_weights qwen2.5-0.5b [DIR]     # prints the directory
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+
+SHAPES: dict[str, dict] = {
+    # Qwen2.5-0.5B's config.json, minus what does not shape the computation
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6),
+}
+WEIGHTS = "bf16 N(0, 0.02), norms 1, biases 0, seed 0; byte tokenizer"
+
+
+def random_model_dir(shape: str, path: str | None = None) -> str:
+    """The directory of `shape` (a key of SHAPES) with random weights: `path`, or one under rlx's cache dir."""
+    from rlx.models import cache_dir
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {sorted(SHAPES)}")
+    spec = json.dumps(dict(SHAPES[shape], weights=WEIGHTS), sort_keys=True)
+    path = path or str(cache_dir() / "models" / f"random-{shape}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}")
+    if os.path.exists(os.path.join(path, ".complete")):
+        return path
+    import torch
+    import transformers
+
+    from rlx.models import build_byte_tokenizer
+
+    tokenizer = build_byte_tokenizer()
+    dims = dict(SHAPES[shape])
+    cfg = transformers.AutoConfig.for_model(dims.pop("model_type"), **dims, initializer_range=0.02,
+                                            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                                            eos_token_id=tokenizer.eos_token_id, dtype="bfloat16")
+    with torch.device("meta"):  # no init pass: each parameter is drawn once below
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.to_empty(device="cpu")
+    if cfg.tie_word_embeddings:  # to_empty gave the tied head its own storage
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # shared (tied) parameters come once
+            if "norm" in name:
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".rlx-random-")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    open(os.path.join(tmp, ".complete"), "w").close()
+    if os.path.exists(path):  # an incomplete leftover
+        import shutil
+        shutil.rmtree(path)
+    os.rename(tmp, path)
+    return path
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    print(random_model_dir(sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else None))
