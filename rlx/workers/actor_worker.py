@@ -2,6 +2,7 @@
 `ActorGroup`, the driver's typed handle on all its ranks."""
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -25,7 +26,8 @@ class ActorRolloutRefWorker(Worker):
         self.actor = ActorEngine(role="actor", actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
                                  strategy=arr.actor.strategy, total_steps=total_steps, **common)
         self.ref = None
-        if self.use_ref:
+        # with LoRA the ref is the actor's own module with its adapters switched off (verl): no second model
+        if self.use_ref and arr.model.lora_rank == 0:
             self.ref = ActorEngine(role="ref", actor_cfg=arr.actor, fsdp_cfg=arr.ref.fsdp_config,
                                    strategy=arr.ref.strategy, **common)
         self.rollout_name = rollout_name
@@ -59,10 +61,8 @@ class ActorRolloutRefWorker(Worker):
     # ---- the steps the driver calls ----------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Sync the FSDP weights into the rollout engine, generate, free the engine's cache."""
-        from rlx.workers.engine.weights import iter_full_params
-
-        with self.actor.phase():
-            self.rollout.sync_weights(iter_full_params(self.actor.module))
+        with self.actor.phase():  # merged base + adapter weights with LoRA (plain HF names)
+            self.rollout.sync_weights(self.actor.policy_weights())
         if self.rollout_name == "hf":  # the vLLM rollout derives per-data-parallel-rank seeds itself (TP-aware)
             prompts.meta = dict(prompts.meta, seed=int(prompts.meta.get("seed", 0)) * 1000 + self.rank)
         out = self.rollout.generate_sequences(prompts)
@@ -77,11 +77,13 @@ class ActorRolloutRefWorker(Worker):
         return Batch({"old_log_probs": out["log_probs"]})
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        assert self.ref is not None, "ref model requested but no KL term is configured"
+        assert self.use_ref, "ref model requested but no KL term is configured"
         r = self.cfg.actor_rollout_ref.ref
-        out = self.ref.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu,
-                                        max_token_len=r.log_prob_max_token_len_per_gpu
-                                        if r.log_prob_use_dynamic_bsz else None)
+        engine = self.ref if self.ref is not None else self.actor
+        with engine.adapters_disabled() if self.ref is None else contextlib.nullcontext():
+            out = engine.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu,
+                                          max_token_len=r.log_prob_max_token_len_per_gpu
+                                          if r.log_prob_use_dynamic_bsz else None)
         return Batch({"ref_log_prob": out["log_probs"]})
 
     def update_actor(self, batch: Batch) -> dict:
@@ -103,10 +105,8 @@ class ActorRolloutRefWorker(Worker):
 
     def param_checksum(self) -> float:
         """Sum of squares of all actor weights (collective): lets tests see that training changed them."""
-        from rlx.workers.engine.weights import iter_full_params
-
         with self.actor.phase():
-            return float(sum(t.double().pow(2).sum() for _, t in iter_full_params(self.actor.module)))
+            return float(sum(t.double().pow(2).sum() for _, t in self.actor.policy_weights()))
 
 
 class ActorGroup(WorkerGroup):

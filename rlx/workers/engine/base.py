@@ -38,6 +38,15 @@ class FSDPEngine:
                                  trust_remote_code=model_cfg.trust_remote_code,
                                  external_lib=model_cfg.external_lib, attn_implementation=attn)
         self.num_layers = model.config.num_hidden_layers
+        self.lora = None  # LoRA (peft) on the plain HF model, first: the head, tiling and FSDP see its modules
+        if model_cfg.lora_rank > 0:
+            from rlx.workers.engine.lora import apply_lora
+
+            if strategy == "fsdp" and any(p.dtype != torch.float32 for p in model.parameters()):
+                raise ValueError(f"lora_rank={model_cfg.lora_rank} with strategy=fsdp and fsdp_config.model_dtype="
+                                 f"{dtype}: FSDP1 flattens a layer's frozen base and its fp32 adapters into one "
+                                 f"buffer of one dtype; use strategy=fsdp2, or model_dtype=fp32")
+            self.lora = apply_lora(model, model_cfg)
         # the head only where a response token is scored; chunked (never [tokens, vocab]) with head_chunk_size
         apply_token_head(model, role, head_chunk_size)
         if model_cfg.tile_mlp_tokens > 0:
@@ -170,6 +179,8 @@ class FSDPEngine:
                     with self.micro_batch_context():
                         loss, shares, means = loss_fn(mb, norm)
                         loss.backward()
+                    if self.lora is not None:
+                        F.restore_frozen_views(self.module)
                     for k, v in shares.items():
                         summed[k] = summed.get(k, 0.0) + float(v)
                     for k, v in means.items():
@@ -199,6 +210,27 @@ class FSDPEngine:
 
     def train_mode(self, training: bool):
         self.module.train(training)
+
+    # ---- LoRA ----------------------------------------------------------------------------------------
+    def adapters_disabled(self):
+        """The base model (adapters off) for the duration of the context; a no-op without LoRA."""
+        if self.lora is None:
+            return contextlib.nullcontext()
+        from rlx.workers.engine.lora import adapters_disabled
+
+        return adapters_disabled(self.module)
+
+    def policy_weights(self, **kwargs):
+        """`(hf_name, full tensor)` of the policy as a plain HF model (collective, see `iter_full_params`):
+        with LoRA the adapted projections come merged (`W + s B A`), under the plain model's names."""
+        from rlx.workers.engine.weights import iter_full_params
+
+        named = iter_full_params(self.module, **kwargs)
+        if self.lora is None:
+            return named
+        from rlx.workers.engine.lora import merged_params
+
+        return merged_params(named, self.lora.scaling)
 
 
 @dataclass
