@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 ADAPTER = "default"  # peft's adapter name
+INIT_SEED = 0  # seed of the adapters' initialisation (lora_B starts at zero, so the policy starts as the base)
 _LORA_PARAM = re.compile(r"^(?P<mod>.*)\.lora_(?P<ab>[AB])\." + ADAPTER + r"\.weight$")
 _BASE_PARAM = re.compile(r"^(?P<mod>.*)\.base_layer\.(?P<what>weight|bias)$")
 
@@ -84,7 +85,11 @@ def apply_lora(model: nn.Module, model_cfg, key: str = "actor_rollout_ref.model"
     cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target, exclude_modules=exclude, lora_dropout=0.0,
                      bias="none", task_type="CAUSAL_LM")
     try:
-        get_peft_model(model, cfg, autocast_adapter_dtype=True)
+        # lora_A's random init from a fixed seed: the same adapters on every rank (FSDP shards what each rank
+        # built) and in every run, whatever used the global RNG before
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(INIT_SEED)
+            get_peft_model(model, cfg, autocast_adapter_dtype=True)
     except ValueError as e:  # peft: "Target modules ... not found in the base model"
         raise ValueError(f"{key}.target_modules={target!r} (exclude_modules={exclude!r}): {e}") from None
     layers = _decoder_layer_prefixes(model)
