@@ -187,7 +187,8 @@ class OptimConfig:
 class CheckpointContents:
     save_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
     """What a checkpoint saves: model | optimizer | extra (lr scheduler, RNG) | hf_model (an HF-format export
-    under huggingface/, loadable by from_pretrained and vLLM)."""
+    under huggingface/, loadable by from_pretrained and vLLM; with LoRA the merged model) | lora_adapter (with
+    LoRA: the adapter alone under lora_adapter/, peft's layout). With LoRA, model holds the adapters only."""
     load_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
     """What a resume loads."""
 
