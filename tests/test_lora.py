@@ -217,7 +217,8 @@ def test_lora_config_errors():
     msg = err("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=fsdp",
               "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16")
     assert "actor.strategy=fsdp2" in msg, msg
-    assert "critic.model.lora_rank=8 is not supported" in err("critic.model.lora_rank=8")
+    msg = err("critic.model.lora_rank=8")
+    assert "critic.model.lora_rank=8: the critic trains in full" in msg and "critic.model.lora_rank=0" in msg, msg
     load_config(["trainer.device=cpu", "actor_rollout_ref.model.lora_rank=8",
                  "actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
                  "actor_rollout_ref.model.exclude_modules=[model.layers.0.self_attn.q_proj]"])

@@ -192,6 +192,10 @@ def model_module_names(model_path: str, trust_remote_code: bool = False) -> list
 
 def _check_lora(cfg, errors):
     """verl's LoRA keys: rank, alpha, and module names that exist in the model (checked on a meta-device copy)."""
+    if cfg.critic.model.lora_rank != 0:
+        errors.append(f"critic.model.lora_rank={cfg.critic.model.lora_rank!r}: the critic trains in full in rlx (its "
+                      f"value head is newly initialised and must train whole). Fix: critic.model.lora_rank=0; LoRA on "
+                      f"the actor (actor_rollout_ref.model.lora_rank) works with a fully trained critic.")
     key = "actor_rollout_ref.model"
     model = cfg.actor_rollout_ref.model
     rank = model.lora_rank
