@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -59,7 +60,12 @@ class FSDPEngine:
         ckpt = trains and model_cfg.enable_gradient_checkpointing
         if ckpt and not offload:
             F.apply_gradient_checkpointing(model)
-        self.module = F.apply_fsdp(model, strategy, fsdp_cfg, device)
+        with warnings.catch_warnings():
+            if self.lora is not None and strategy == "fsdp":  # said once here instead of once per layer
+                warnings.filterwarnings("ignore", message=".*has both parameters with requires_grad=True and False")
+                log.info("[%s] LoRA with strategy=fsdp: FSDP1 keeps one flat gradient per layer, frozen weights "
+                         "included (full-size gradient memory); strategy=fsdp2 holds the adapters' only", role)
+            self.module = F.apply_fsdp(model, strategy, fsdp_cfg, device)
         self.offloader, self._offload_reported = None, False
         if offload:
             # The offload module owns checkpointing when both are on (one saved-tensors hook at a time).
