@@ -286,3 +286,25 @@ def test_ppo_critic_lora_actor_fsdp1(ray_local, tmp_path):
     # lora_B starts at zero: before its first optimizer step the policy is the ref, exactly
     assert history[0]["actor/kl_loss"] == 0.0
     assert history[1]["actor/kl_loss"] > 0.0
+
+
+def test_apply_lora_targets_and_excludes():
+    """target_modules / exclude_modules as peft reads them, on the built-in model; a name that matches nothing is a
+    ValueError naming the key (the worker's check, for models the driver could not inspect)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlx.config.schema import ModelConfig
+    from rlx.models import resolve_model_path
+    from rlx.workers.engine.lora import apply_lora
+
+    def model():
+        return AutoModelForCausalLM.from_pretrained(resolve_model_path("builtin://tiny-qwen2"), dtype=torch.float32)
+
+    spec = apply_lora(model(), ModelConfig(lora_rank=2, target_modules=["q_proj", "v_proj"],
+                                           exclude_modules=["model.layers.0.self_attn.q_proj"]))
+    assert len(spec.modules) == 7 and "model.layers.0.self_attn.q_proj" not in spec.modules, spec.modules
+    assert spec.scaling == 8.0  # lora_alpha 16 / rank 2
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.model.target_modules=\['qkv'\]: \['qkv'\] name no module"):
+        apply_lora(model(), ModelConfig(lora_rank=2, target_modules=["qkv"]))
+    with pytest.raises(ValueError, match="decoder layers' linear projections only"):
+        apply_lora(model(), ModelConfig(lora_rank=2, target_modules=["q_proj", "lm_head"]))
