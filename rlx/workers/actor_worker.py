@@ -2,7 +2,6 @@
 `ActorGroup`, the driver's typed handle on all its ranks."""
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import torch
@@ -79,8 +78,8 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         assert self.use_ref, "ref model requested but no KL term is configured"
         r = self.cfg.actor_rollout_ref.ref
-        engine = self.ref if self.ref is not None else self.actor
-        with engine.adapters_disabled() if self.ref is None else contextlib.nullcontext():
+        engine = self.ref if self.ref is not None else self.actor  # with LoRA: the actor, adapters off
+        with engine.adapters_disabled():
             out = engine.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu,
                                           max_token_len=r.log_prob_max_token_len_per_gpu
                                           if r.log_prob_use_dynamic_bsz else None)

@@ -205,12 +205,6 @@ class FSDPEngine:
 
     def optimizer_step(self, grad_clip: float) -> dict:
         """Clip and step; a non-finite gradient norm skips the step (`skipped_steps` counts it for the driver)."""
-        if self.lora is not None:
-            # FSDP1 (use_orig_params) hands frozen parameters views of the flat gradient too: drop them so that
-            # the norm (and the clipping) is the adapters' alone
-            for p in self.module.parameters():
-                if not p.requires_grad:
-                    p.grad = None
         grad_norm = F.clip_grad_norm(self.module, grad_clip)
         finite = bool(torch.isfinite(grad_norm))
         if finite:
