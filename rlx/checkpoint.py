@@ -42,6 +42,8 @@ COMPLETE = "COMPLETE"
 LATEST = "latest_checkpointed_iteration.txt"
 DRIVER_STATE = "driver_state.json"
 HF_DIR = "huggingface"
+ADAPTER_DIR = "lora_adapter"  # verl's folder name for a LoRA adapter in peft's layout
+EXPORTS = ("hf_model", "lora_adapter")  # save_contents beyond CONTENTS: exports, never loaded back
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
 
 
@@ -59,10 +61,10 @@ def _barrier() -> None:
 
 def _check_contents(contents, what: str) -> set:
     contents = set(contents)
-    unknown = contents - set(CONTENTS) - {"hf_model"}
+    unknown = contents - set(CONTENTS) - set(EXPORTS)
     if unknown:
         raise ValueError(f"checkpoint {what}={sorted(contents)}: unknown {sorted(unknown)}; "
-                         f"choose from {list(CONTENTS) + ['hf_model']}")
+                         f"choose from {list(CONTENTS) + list(EXPORTS)}")
     return contents
 
 
@@ -81,11 +83,20 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _state_dict_options(engine):
+    """With LoRA only the adapters are saved and loaded: the frozen base is the model path's, unchanged."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    lora = engine.lora is not None
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+
+
 def _save_model(engine, path: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    dcp.save(get_model_state_dict(engine.module), checkpoint_id=os.path.join(path, "model"))
+    dcp.save(get_model_state_dict(engine.module, options=_state_dict_options(engine)),
+             checkpoint_id=os.path.join(path, "model"))
 
 
 def _save_optimizer(engine, path: str) -> None:
@@ -104,7 +115,9 @@ def _save_extra(engine, path: str, rank: int) -> None:
 def save_engine(engine, path: str, contents=CONTENTS, hf_export: bool = False, tokenizer=None) -> None:
     """Save `engine` (an FSDPEngine) under `path`. Collective: call on every rank of the engine's group.
 
-    contents: any of model | optimizer | extra (lr scheduler + RNG), plus verl's hf_model (= hf_export).
+    contents: any of model | optimizer | extra (lr scheduler + RNG), plus verl's hf_model (= hf_export: with LoRA
+    the merged model) and lora_adapter (the LoRA adapter alone, peft's layout, under lora_adapter/).
+    With LoRA, `model` holds the adapters only (the frozen base is the model path's).
     A stale checkpoint at `path` (a crashed earlier save of the same step) is replaced.
     """
     contents = _check_contents(contents, "save_contents")
@@ -112,7 +125,7 @@ def save_engine(engine, path: str, contents=CONTENTS, hf_export: bool = False, t
     rank, world = _rank_world()
     if rank == 0:
         for name in os.listdir(path) if os.path.isdir(path) else []:
-            if name in ("model", "optim", HF_DIR, "meta.json") or name.startswith("extra_rank"):
+            if name in ("model", "optim", HF_DIR, ADAPTER_DIR, "meta.json") or name.startswith("extra_rank"):
                 p = os.path.join(path, name)
                 shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
     _barrier()
@@ -128,8 +141,11 @@ def save_engine(engine, path: str, contents=CONTENTS, hf_export: bool = False, t
         if "extra" in contents:
             _save_extra(engine, path, rank)
             saved.append("extra")
-        if hf_export:
-            export_hf(engine.module, os.path.join(path, HF_DIR), tokenizer=tokenizer)
+        if hf_export:  # merged base + adapters with LoRA: a plain HF model
+            export_hf(engine.module, os.path.join(path, HF_DIR), tokenizer=tokenizer,
+                      named=engine.policy_weights(to_cpu=True))
+        if "lora_adapter" in contents:
+            export_adapter(engine, os.path.join(path, ADAPTER_DIR))
     _barrier()  # every rank's files are written before rank 0 declares the engine part done
     if rank == 0:
         meta = {"role": getattr(engine, "role", None), "world_size": world, "contents": saved,
@@ -145,7 +161,7 @@ def load_engine(engine, path: str, contents=CONTENTS) -> None:
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
 
-    contents = _check_contents(contents, "load_contents") - {"hf_model"}
+    contents = _check_contents(contents, "load_contents") - set(EXPORTS)
     meta_path = os.path.join(path, "meta.json")
     if not os.path.exists(meta_path):
         raise FileNotFoundError(f"{path}: not a complete engine checkpoint (no meta.json)")
@@ -160,9 +176,10 @@ def load_engine(engine, path: str, contents=CONTENTS) -> None:
     rank, world = _rank_world()
     with engine.phase(with_optimizer=engine.optimizer is not None):
         if "model" in contents:
-            sd = get_model_state_dict(engine.module)
+            opts = _state_dict_options(engine)
+            sd = get_model_state_dict(engine.module, options=opts)
             dcp.load(sd, checkpoint_id=os.path.join(path, "model"))
-            set_model_state_dict(engine.module, sd)
+            set_model_state_dict(engine.module, sd, options=opts)
         if "optimizer" in contents:
             osd = get_optimizer_state_dict(engine.module, engine.optimizer)  # initialises empty Adam state
             # FSDP1 can leave a rank whose flat shard holds none of a small module's parameters (e.g. the
@@ -210,12 +227,35 @@ def _persistent_buffers(module):
                 yield clean_param_name(f"{mod_name}.{name}" if mod_name else name), buf
 
 
+def export_adapter(engine, out_dir: str) -> None:
+    """Write the engine's LoRA adapter alone (peft's adapter_config.json + adapter_model.safetensors), loadable
+    with `PeftModel.from_pretrained(base, out_dir)`. Collective; rank 0 writes."""
+    from rlx.engine.lora import adapter_params, save_adapter
+    from rlx.engine.weights import iter_full_params
+
+    if engine.lora is None:
+        raise ValueError("checkpoint save_contents has lora_adapter but the model has no LoRA adapters; set "
+                         "model.lora_rank > 0 or drop lora_adapter from save_contents")
+    rank, _ = _rank_world()
+    tensors = {k: v.clone() for k, v in adapter_params(iter_full_params(engine.module, to_cpu=True))}
+    if rank == 0:
+        hf, _ = _unwrap_hf(engine.module)
+        tmp = out_dir.rstrip("/") + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_adapter(engine.lora, tensors, tmp, base_model_path=getattr(hf.config, "_name_or_path", None))
+        _make_readable(tmp)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.replace(tmp, out_dir)
+    _barrier()
+
+
 def export_hf(module, out_dir: str, tokenizer=None, dtype: torch.dtype | None = None,
-              max_shard_bytes: int = 5 * 2**30) -> None:
+              max_shard_bytes: int = 5 * 2**30, named=None) -> None:
     """Write an HF model dir (config, safetensors shards + index, tokenizer) from an FSDP1/FSDP2/plain module.
 
     Collective: all ranks gather (one parameter at a time for FSDP2), rank 0 keeps CPU copies and writes.
-    Without `tokenizer`, the tokenizer/generation files of the model's source directory are copied.
+    Without `tokenizer`, the tokenizer/generation files of the model's source directory are copied. `named`
+    replaces the module's own `(hf_name, full tensor)` iterator (the engine's merged LoRA weights).
     """
     import copy
 
@@ -226,7 +266,9 @@ def export_hf(module, out_dir: str, tokenizer=None, dtype: torch.dtype | None = 
 
     rank, _ = _rank_world()
     sd = {}
-    for name, t in iter_full_params(module, to_cpu=True, dtype=dtype):
+    if named is None:
+        named = iter_full_params(module, to_cpu=True, dtype=dtype)
+    for name, t in named:
         if rank == 0:
             sd[name] = t.clone().contiguous()
     if rank == 0:

@@ -39,6 +39,19 @@ Shapes: 1.5b = Qwen2.5-1.5B dims (bench_offload.SHAPES["1.5b"]: 28 layers, hidde
 12 heads, 2 kv heads, vocab 151936, tied embeddings; rope_theta 1e6), written once as an HF directory with
 seeded random bf16 weights (std 0.02) under the temp dir (reused by later runs on the same machine; --model-dir
 to choose); tiny = rlx's builtin://tiny-qwen2 with lengths scaled down (a CPU smoke test of this script).
+7b (`--preset 7b`) = Qwen2.5-7B dims (28 layers, hidden 3584, intermediate 18944, 28 heads, 4 kv heads, vocab
+152064, untied), random bf16 weights the same way (~15 GB on disk, written once).
+
+--lora R: LoRA (peft) of rank R on every linear projection of the decoder layers (target_modules=all-linear,
+lora_alpha --lora-alpha or R): the base frozen in bf16 (actor.fsdp_config.model_dtype=bf16 on cuda), the adapters
+fp32 master weights with AdamW; what the update trains, the optimizer holds and the offload moves are the
+adapters' and the activations'. --search-from a.json runs only the longest-fit search from an earlier run's points
+(so that one run and its search each fit in a 10-minute call):
+
+    python3 scripts/bench_rl_update.py --preset 7b --lora 64 --schemes offload_ckpt_fused_tile --search-tries 0 \
+        --cap-gib 80 --json 7b.json                                        # 64k + 262k: peak, step, KB/token
+    python3 scripts/bench_rl_update.py --preset 7b --lora 64 --schemes offload_ckpt_fused_tile --search-tries 1 \
+        --cap-gib 80 --search-from 7b.json --json 7b_search.json           # one confirmation, <= 320k
 
     python3 scripts/bench_rl_update.py --cap-gib 80                        # the 5 long-response actor schemes
     python3 scripts/bench_rl_update.py --cap-gib 80 --critic               # critic: offload+ckpt(+tile)
@@ -73,11 +86,17 @@ CRITIC_SCHEMES = ["critic_offload_ckpt", "critic_offload_ckpt_tile"]
 SHAPING_SCHEMES = ["ckpt_fused", "ckpt_fused_rmpad", "ckpt_fused_rmpad_dyn"]
 QWEN_1_5B = dict(SHAPES["1.5b"], model_type="qwen2", rope_theta=1e6, rms_norm_eps=1e-6,
                  max_position_embeddings=1 << 20, use_cache=False)
+QWEN_7B = dict(QWEN_1_5B, **dict(SHAPES["7b"], num_hidden_layers=28))  # Qwen2.5-7B dims, all 28 layers
+MODEL_DIMS = {"1.5b": QWEN_1_5B, "7b": QWEN_7B}
 # per shape: response lengths, prompt, longest searched, tile/chunk tokens; shaping: rows, response range,
 # micro-batch rows (padded and rmpad), token budget (dynamic): 16k ~ 3.5 padded rows of 512 + 4096
 PRESETS = {
     "1.5b": dict(lengths=[8192, 32768, 65536, 131072], prompt=512, search_max=262144, tile=8192, chunk=2048,
                  rows=32, resp=(512, 4096), micro=4, max_tokens=16384, round_to=1024),
+    # 7B (with --lora: a frozen bf16 base): two lengths for the slope, 262k the target; each process stays
+    # within --run-timeout (attention is quadratic: 262k ~3 min per update on one H100, estimated)
+    "7b": dict(lengths=[65536, 262144], prompt=512, search_max=327680, tile=8192, chunk=2048,
+               rows=32, resp=(512, 4096), micro=4, max_tokens=16384, round_to=8192),
     "tiny": dict(lengths=[64, 128, 256], prompt=16, search_max=480, tile=64, chunk=32,
                  rows=8, resp=(32, 256), micro=4, max_tokens=1024, round_to=16),
 }
@@ -159,10 +178,14 @@ def overrides(s: Scheme, a, model_path: str, rows: int) -> tuple[list[str], list
            f"{role}.ppo_micro_batch_size_per_gpu": s.micro, f"{role}.ulysses_sequence_parallel_size": s.sp}
     if not s.critic:
         own.update({f"{model}.use_fused_kernels": s.fused, f"{model}.fused_kernel_options.chunk_size": a.chunk_size})
+    if a.lora and not s.critic:  # LoRA on every linear projection; the frozen base in bf16 on cuda
+        own.update({f"{model}.lora_rank": a.lora, f"{model}.lora_alpha": a.lora_alpha or a.lora,
+                    f"{model}.target_modules": "all-linear"})
+        fixed.append(f"{fsdp}.model_dtype={'bf16' if a.device == 'cuda' else 'fp32'}")
     ov = [f"trainer.device={a.device}", f"{model}.path={model_path}"] + [f"{k}={v}" for k, v in own.items()] + \
         [f"{role}.ppo_mini_batch_size={rows}", f"{role}.ppo_epochs=1", f"{role}.optim.lr=1e-6"] + fixed + \
         [f"{fsdp}.mixed_precision.{k}={v}" for k, v in precision(a).items()]
-    shown = {"ppo_max_token_len_per_gpu": bool(s.dyn), "chunk_size": s.fused,
+    shown = {"ppo_max_token_len_per_gpu": bool(s.dyn), "chunk_size": s.fused, "target_modules": False,
              "ppo_micro_batch_size_per_gpu": not s.dyn and s.micro != 1,
              "ulysses_sequence_parallel_size": s.sp > 1}
     on = [f"{k.split('.')[-1]}={v}" for k, v in own.items()
@@ -261,7 +284,7 @@ def worker(a):
     vocab = engine.module.config.vocab_size
     res = dict(scheme=s.name, mode="shaping" if a.shaping else "long", critic=s.critic, overrides=ov,
                device=torch.cuda.get_device_name(dev) if cuda else "cpu", cap_gib=a.cap_gib if cuda else None,
-               shape=a.shape, prompt=a.prompt, precision=precision(a)["param_dtype"],
+               shape=a.shape, prompt=a.prompt, precision=precision(a)["param_dtype"], lora=a.lora,
                switches=" ".join(on) or "-", attn=engine.module.config._attn_implementation,
                torch=torch.__version__, load_s=time.perf_counter() - t0, points=[], sp=s.sp)
 
@@ -356,16 +379,17 @@ def model_dir(a) -> str:
         return resolve_model_path("builtin://tiny-qwen2")
     import hashlib
 
-    spec = json.dumps(dict(QWEN_1_5B, weights="bf16 N(0, 0.02), norms 1, biases 0, seed 0"), sort_keys=True)
+    dims = MODEL_DIMS[a.shape]
+    spec = json.dumps(dict(dims, weights="bf16 N(0, 0.02), norms 1, biases 0, seed 0"), sort_keys=True)
     path = a.model_dir or os.path.join(tempfile.gettempdir(),
-                                       f"rlx-bench-qwen2-1.5b-{hashlib.sha256(spec.encode()).hexdigest()[:8]}")
+                                       f"rlx-bench-qwen2-{a.shape}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}")
     if os.path.exists(os.path.join(path, ".complete")):
         return path
     import torch
     import transformers
 
     t = time.perf_counter()
-    cfg = transformers.AutoConfig.for_model(**QWEN_1_5B, initializer_range=0.02, dtype="bfloat16")
+    cfg = transformers.AutoConfig.for_model(**dims, initializer_range=0.02, dtype="bfloat16")
     with torch.device("meta"):  # no init pass: each parameter is drawn once below
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.to_empty(device="cpu")
@@ -384,7 +408,7 @@ def model_dir(a) -> str:
     model.save_pretrained(tmp)
     open(os.path.join(tmp, ".complete"), "w").close()
     os.rename(tmp, path)
-    print(f"wrote random-weight 1.5B model to {path} in {time.perf_counter() - t:.0f}s", flush=True)
+    print(f"wrote random-weight {a.shape} model to {path} in {time.perf_counter() - t:.0f}s", flush=True)
     return path
 
 
@@ -399,8 +423,8 @@ def run_child(a, scheme: str, points: list[int] | None = None, warmup_len: int =
            "--tile-tokens", str(a.tile_tokens), "--chunk-size", str(a.chunk_size), "--micro", str(a.micro),
            "--max-tokens", str(a.max_tokens), "--rows", str(a.rows), "--group", str(a.group),
            "--resp-range", f"{a.resp_range[0]},{a.resp_range[1]}", "--steps", str(a.steps),
-           "--short-steps", str(a.short_steps), "--seed", str(a.seed), "--sp", str(a.sp)] + \
-        (["--warm-each"] if a.warm_each else [])
+           "--short-steps", str(a.short_steps), "--seed", str(a.seed), "--sp", str(a.sp), "--lora", str(a.lora),
+           "--lora-alpha", str(a.lora_alpha)] + (["--warm-each"] if a.warm_each else [])
     sp = parse_scheme(scheme, a).sp
     if sp > 1:  # one process per GPU of this host, as torchrun starts them (it stops all when one fails)
         env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as the workers run NCCL
@@ -505,7 +529,9 @@ def print_tables(results: list[dict], search_max: int) -> None:
     if long_:
         lengths = sorted({p["len"] for r in long_ for p in r["points"]})
         print(f"\n### RL update, long responses: {done[0].get('shape', '?')} dims, FSDP2 "
-              f"{done[0].get('precision', '?')} compute (fp32 master weights and AdamW), "
+              f"{done[0].get('precision', '?')} compute ("
+              + (f"LoRA rank {done[0]['lora']} on all linear layers, frozen base, fp32 adapters and AdamW), "
+                 if done[0].get("lora") else "fp32 master weights and AdamW), ") +
               f"batch 1, prompt {done[0].get('prompt', '?')}, {where}")
         print("cell: peak GiB / step s (OOM: did not fit; blank: not run); static: params + AdamW state (fp32) held between updates; "
               "KB/token: peak growth per response token\n")
@@ -622,7 +648,13 @@ def print_targets(results: list[dict]) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, epilog=TIME_HINT,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="1.5b", choices=sorted(PRESETS))
+    ap.add_argument("--shape", "--preset", default="1.5b", choices=sorted(PRESETS),
+                    help="model dims and lengths: 1.5b, 7b (Qwen2.5-7B dims, 28 layers), tiny (CPU smoke test)")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank on every linear projection of the actor (0: "
+                    "full fine-tuning); the frozen base is bf16 on cuda, the adapters fp32 with AdamW")
+    ap.add_argument("--lora-alpha", type=float, default=0, help="lora_alpha (default: the rank)")
+    ap.add_argument("--search-from", default="", help="a JSON of an earlier run of these schemes: skip their "
+                    "lengths, run only the longest-fit search from its points")
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     ap.add_argument("--cap-gib", type=float, default=80.0,
                     help="cap the device memory (torch.cuda.set_per_process_memory_fraction); 0: no cap")
@@ -700,8 +732,12 @@ def main():
         parse_scheme(s, a)  # a typo fails here, not after the first scheme's run
     a.model_path = model_dir(a)
     results = []
+    earlier = {}
+    if a.search_from:
+        with open(a.search_from) as fh:
+            earlier = {r["scheme"]: r for r in json.load(fh)["results"]}
     for scheme in schemes:
-        res = run_child(a, scheme, a.lengths, a.lengths[0])
+        res = earlier.get(scheme) or run_child(a, scheme, a.lengths, a.lengths[0])
         if not a.shaping and a.device == "cuda" and "error" not in res:
             search(a, scheme, res)
         results.append(res)

@@ -14,7 +14,8 @@ before and after training, a checkpoint save, then a resume from it and a damage
 (critic), a KL loss and a KL penalty (ref), the actor on FSDP1 and the ref and critic on FSDP2, activation offload
 on both, dynamic batch sizes, cosine schedules, the dapo reward manager with a custom reward file, sampled
 validation with n=2 and logged generations, the HF rollout. Then the vLLM rollout is built from the same worker
-with a stand-in `vllm` module (engine arguments and sampling parameters, once as on CPU and once as on CUDA).
+with a stand-in `vllm` module (engine arguments and sampling parameters, once as on CPU and once as on CUDA), and an
+actor engine with LoRA adapters (model.lora_*).
 """
 from __future__ import annotations
 
@@ -197,6 +198,17 @@ def main(out_path: str) -> None:
     try:
         ckpt.find_resume_dir(cfg.trainer)
     except ckpt.DamagedCheckpointError:
+        pass
+
+    # LoRA on the policy (its keys are read only with a rank): an actor engine with adapters, its ref pass
+    from rlx.engine.actor import ActorEngine
+
+    arr = cfg.actor_rollout_ref
+    lora_model = dataclasses.replace(arr.model, lora_rank=2, enable_activation_offload=False)
+    lora = ActorEngine(role="actor", model_cfg=lora_model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
+                       strategy=arr.actor.strategy, device=trainer.actor.worker.device, world_size=1, rollout_n=1,
+                       temperature=1.0)
+    with lora.adapters_disabled():
         pass
 
     # the vLLM rollout of the same worker, with a stand-in engine: as on this CPU, then as on a GPU

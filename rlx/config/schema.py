@@ -140,13 +140,18 @@ class ModelConfig:
     use_shm: bool = False
     """verl key (not supported yet)."""
     lora_rank: int = 0
-    """verl key (LoRA is not supported yet)."""
-    lora_alpha: int = 16
-    """verl key (LoRA is not supported yet; inert without lora_rank > 0, as in verl)."""
+    """LoRA rank of the policy's adapters (0: off, full fine-tuning). With a rank, peft puts LoRA adapters on the
+    target_modules of every decoder layer, the base model is frozen (only the adapters get gradients and optimizer
+    state; with actor.fsdp_config.model_dtype=bf16 the base stays bf16 and the adapters fp32), the ref policy is the
+    same module with the adapters off (no second model), and rollouts / HF exports get merged weights."""
+    lora_alpha: float = 16
+    """LoRA scaling numerator: the adapters add (lora_alpha / lora_rank) * B A x (read only with lora_rank > 0)."""
     target_modules: Any = "all-linear"
-    """verl key (LoRA is not supported yet; inert without lora_rank > 0, as in verl)."""
-    exclude_modules: Optional[str] = None
-    """verl key (LoRA is not supported yet; inert without lora_rank > 0, as in verl)."""
+    """Modules that get adapters (lora_rank > 0): all-linear (every linear projection of the decoder layers, verl's
+    default), a list of module names such as [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj], or a
+    regex. Checked against the model's modules before the run starts; lm_head / embed_tokens are refused."""
+    exclude_modules: Any = None
+    """Modules to leave without adapters (lora_rank > 0): a list of module names, or a regex; null: none."""
     use_liger: bool = False
     """verl key (not supported yet)."""
     use_fused_kernels: bool = True
@@ -185,7 +190,8 @@ class OptimConfig:
 class CheckpointContents:
     save_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
     """What a checkpoint saves: model | optimizer | extra (lr scheduler, RNG) | hf_model (an HF-format export
-    under huggingface/, loadable by from_pretrained and vLLM)."""
+    under huggingface/, loadable by from_pretrained and vLLM; with LoRA the merged model) | lora_adapter (with
+    LoRA: the adapter alone under lora_adapter/, peft's layout). With LoRA, model holds the adapters only."""
     load_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
     """What a resume loads."""
 
@@ -415,11 +421,13 @@ class CriticModelConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP settings of the critic."""
     lora_rank: int = 0
-    """verl key (LoRA is not supported yet)."""
+    """verl key, refused (only 0): the critic trains in full. Its value head is newly initialised and must be
+    trained whole, and the critic gains little from LoRA where the policy's frozen base is what saves memory; LoRA
+    on the actor (actor_rollout_ref.model.lora_rank) composes with a fully trained critic."""
     lora_alpha: int = 16
-    """verl key (LoRA is not supported yet; inert without lora_rank > 0, as in verl)."""
+    """verl key (inert: critic.model.lora_rank is refused, as verl ignores it without a rank)."""
     target_modules: Any = "all-linear"
-    """verl key (LoRA is not supported yet; inert without lora_rank > 0, as in verl)."""
+    """verl key (inert: critic.model.lora_rank is refused, as verl ignores it without a rank)."""
 
 
 @dataclass
@@ -640,7 +648,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "data.video_key": "videos",
     "data.custom_cls": {"path": None, "name": None},
     "actor_rollout_ref.model.use_shm": False,
-    "actor_rollout_ref.model.lora_rank": 0,
     "actor_rollout_ref.model.use_liger": False,
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": False,
@@ -698,11 +705,8 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     "data.filter_overlong_prompts_workers": "speed only: the filter runs in the driver and drops the same prompts",
     "actor_rollout_ref.actor.use_torch_compile": "speed only: rlx never compiles, whatever the value",
     "actor_rollout_ref.ref.use_torch_compile": "speed only: rlx never compiles, whatever the value",
-    # LoRA's details are inert in verl too while lora_rank is 0; lora_rank itself is refused (NOT_SUPPORTED), so
-    # verl scripts that pass lora_alpha/target_modules next to lora_rank=0 keep working.
-    "actor_rollout_ref.model.lora_alpha": "inert without model.lora_rank > 0 (refused), as in verl",
-    "actor_rollout_ref.model.target_modules": "inert without model.lora_rank > 0 (refused), as in verl",
-    "actor_rollout_ref.model.exclude_modules": "inert without model.lora_rank > 0 (refused), as in verl",
+    # the critic's LoRA details are inert in verl too while its lora_rank is 0; that key is refused (NOT_SUPPORTED),
+    # so verl scripts that pass lora_alpha/target_modules next to critic lora_rank=0 keep working.
     "critic.model.lora_alpha": "inert without critic.model.lora_rank > 0 (refused), as in verl",
     "critic.model.target_modules": "inert without critic.model.lora_rank > 0 (refused), as in verl",
 }

@@ -237,6 +237,79 @@ def _check_long_sequences(cfg, errors):
                           f"replace the MLP's forward; choose one (tiling also recomputes the MLP in backward).")
 
 
+def model_module_names(model_path: str, trust_remote_code: bool = False) -> list[tuple[str, str]] | None:
+    """`(name, class name)` of every module of the causal LM at `model_path`, built on the meta device (no weights
+    read, no memory); None when the path has no config.json."""
+    from rlx.models import resolve_model_path
+
+    path = resolve_model_path(model_path)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        return None
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    return [(n, type(m).__name__) for n, m in model.named_modules()]
+
+
+def _check_lora(cfg, errors):
+    """verl's LoRA keys: rank, alpha, and module names that exist in the model (checked on a meta-device copy)."""
+    if cfg.critic.model.lora_rank != 0:
+        errors.append(f"critic.model.lora_rank={cfg.critic.model.lora_rank!r}: the critic trains in full in rlx (its "
+                      f"value head is newly initialised and must train whole). Fix: critic.model.lora_rank=0; LoRA on "
+                      f"the actor (actor_rollout_ref.model.lora_rank) works with a fully trained critic.")
+    key = "actor_rollout_ref.model"
+    model = cfg.actor_rollout_ref.model
+    rank = model.lora_rank
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        errors.append(f"{key}.lora_rank={rank!r} must be an integer >= 0 (0 turns LoRA off).")
+        return
+    if rank == 0:
+        return
+    if not isinstance(model.lora_alpha, (int, float)) or isinstance(model.lora_alpha, bool) or model.lora_alpha <= 0:
+        errors.append(f"{key}.lora_alpha={model.lora_alpha!r} must be a positive number (the adapters are scaled "
+                      f"by lora_alpha / lora_rank).")
+    lists = {}
+    for k in ("target_modules", "exclude_modules"):
+        v = _get(model, k)
+        if v is None and k == "exclude_modules":
+            continue
+        if isinstance(v, str):
+            if not v:
+                errors.append(f"{key}.{k}='' names no module; give all-linear or a list such as [q_proj,v_proj].")
+            continue
+        if not isinstance(v, (list, tuple)) or not v or not all(isinstance(x, str) and x for x in v):
+            errors.append(f"{key}.{k}={v!r} must be all-linear, a module name / regex, or a non-empty list of module "
+                          f"names such as [q_proj,k_proj,v_proj,o_proj].")
+            continue
+        lists[k] = list(v)
+    for k in ("lm_head", "embed_tokens"):
+        if k in lists.get("target_modules", []):
+            errors.append(f"{key}.target_modules contains {k}: rlx puts LoRA on the decoder layers' linear projections "
+                          f"only (the fused head reads the output projection's weight, tied to the embedding). "
+                          f"Remove {k}.")
+    if lists:
+        try:
+            names = model_module_names(model.path, model.trust_remote_code)
+        except Exception:  # noqa: BLE001 - an unreadable model is the preflight's to report
+            names = None
+        if names is not None:
+            linear = sorted({n.rsplit(".", 1)[-1] for n, c in names if c == "Linear"})
+            for k, listed in lists.items():
+                missing = [t for t in listed if not any(n == t or n.endswith("." + t) for n, _ in names)]
+                if missing:
+                    errors.append(f"{key}.{k}={listed}: {missing} name no module of {model.path}; its linear modules "
+                                  f"are {linear} (or use target_modules=all-linear).")
+    strategy = cfg.actor_rollout_ref.actor.strategy
+    if strategy == "fsdp" and cfg.actor_rollout_ref.actor.fsdp_config.model_dtype not in ("fp32", "float32"):
+        errors.append(f"{key}.lora_rank={rank} with actor.strategy=fsdp and actor.fsdp_config.model_dtype="
+                      f"{cfg.actor_rollout_ref.actor.fsdp_config.model_dtype}: FSDP1 flattens a layer's frozen base "
+                      f"and its fp32 adapters into one buffer of one dtype. Fix: actor.strategy=fsdp2 (a bf16 base "
+                      f"with fp32 adapters), or actor.fsdp_config.model_dtype=fp32.")
+
+
 def _check_algorithm(cfg, errors):
     alg, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     _choice(errors, "algorithm.adv_estimator", alg.adv_estimator, ADV_ESTIMATORS)
@@ -434,6 +507,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_batch_sizes(cfg, errors)
     _check_long_sequences(cfg, errors)
     _check_sequence_parallel(cfg, errors)
+    _check_lora(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_rollout(cfg, errors)
     _check_reward(cfg, errors)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -53,6 +54,15 @@ class FSDPEngine:
                                  trust_remote_code=model_cfg.trust_remote_code,
                                  external_lib=model_cfg.external_lib, attn_implementation=attn)
         self.num_layers = model.config.num_hidden_layers
+        self.lora = None  # LoRA (peft) on the plain HF model, first: the head, tiling and FSDP see its modules
+        if model_cfg.lora_rank > 0:
+            from rlx.engine.lora import apply_lora
+
+            if strategy == "fsdp" and any(p.dtype != torch.float32 for p in model.parameters()):
+                raise ValueError(f"lora_rank={model_cfg.lora_rank} with strategy=fsdp and fsdp_config.model_dtype="
+                                 f"{dtype}: FSDP1 flattens a layer's frozen base and its fp32 adapters into one "
+                                 f"buffer of one dtype; use strategy=fsdp2, or model_dtype=fp32")
+            self.lora = apply_lora(model, model_cfg)
         if sp_size > 1:
             ulysses.check_heads(model.config, sp_size, sp_key)
             ulysses.apply_ulysses(model, self.sp_group)
@@ -68,7 +78,12 @@ class FSDPEngine:
         ckpt = trains and model_cfg.enable_gradient_checkpointing
         if ckpt and not offload:
             F.apply_gradient_checkpointing(model)
-        self.module = F.apply_fsdp(model, strategy, fsdp_cfg, device)
+        with warnings.catch_warnings():
+            if self.lora is not None and strategy == "fsdp":  # said once here instead of once per layer
+                warnings.filterwarnings("ignore", message=".*has both parameters with requires_grad=True and False")
+                log.info("[%s] LoRA with strategy=fsdp: FSDP1 keeps one flat gradient per layer, frozen weights "
+                         "included (full-size gradient memory); strategy=fsdp2 holds the adapters' only", role)
+            self.module = F.apply_fsdp(model, strategy, fsdp_cfg, device)
         self.offloader, self._offload_reported = None, False
         if offload:
             # The offload module owns checkpointing when both are on (one saved-tensors hook at a time).
@@ -196,6 +211,8 @@ class FSDPEngine:
                     with self.micro_batch_context():
                         loss, shares, means = loss_fn(mb, norm)
                         loss.backward()
+                    if self.lora is not None:
+                        F.restore_frozen_views(self.module)
                     for k, v in shares.items():  # the sp ranks of a group report the group's loss sp times
                         summed[k] = summed.get(k, 0.0) + float(v) / self.sp
                     for k, v in means.items():
@@ -225,6 +242,27 @@ class FSDPEngine:
 
     def train_mode(self, training: bool):
         self.module.train(training)
+
+    # ---- LoRA ----------------------------------------------------------------------------------------
+    def adapters_disabled(self):
+        """The base model (adapters off) for the duration of the context; a no-op without LoRA."""
+        if self.lora is None:
+            return contextlib.nullcontext()
+        from rlx.engine.lora import adapters_disabled
+
+        return adapters_disabled(self.module)
+
+    def policy_weights(self, **kwargs):
+        """`(hf_name, full tensor)` of the policy as a plain HF model (collective, see `iter_full_params`):
+        with LoRA the adapted projections come merged (`W + s B A`), under the plain model's names."""
+        from rlx.engine.weights import iter_full_params
+
+        named = iter_full_params(self.module, **kwargs)
+        if self.lora is None:
+            return named
+        from rlx.engine.lora import merged_params
+
+        return merged_params(named, self.lora.scaling)
 
 
 @dataclass

@@ -125,6 +125,21 @@ def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: to
     raise ValueError(f"strategy={strategy!r}: rlx supports fsdp or fsdp2")
 
 
+def restore_frozen_views(module: nn.Module) -> None:
+    """FSDP1 unsharded (NO_SHARD: one rank) leaves a unit whose parameters are all frozen (with LoRA: the root's
+    embedding, final norm and head) with its original parameters unregistered after a training backward: its
+    post-backward hook never runs (nothing needs a gradient) and the catch-all reshard sees nothing to reshard, so
+    they vanish from `named_parameters()` and `state_dict()`. Register them again (a no-op anywhere else)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if not isinstance(module, FSDP):
+        return
+    for m in FSDP.fsdp_modules(module):
+        h = m._handle
+        if h is not None and h._use_orig_params and not h.uses_sharded_strategy and not h.flat_param.requires_grad:
+            h._use_sharded_views()  # NO_SHARD: the original parameters as views of the (full) flat parameter
+
+
 def clip_grad_norm(module: nn.Module, max_norm: float) -> torch.Tensor:
     """Global gradient norm (clipped in place) for FSDP1 or FSDP2 modules."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -138,8 +153,9 @@ def clip_grad_norm(module: nn.Module, max_norm: float) -> torch.Tensor:
 
 
 def build_optimizer(module: nn.Module, optim_cfg: OptimConfig, total_steps: int):
-    """AdamW and a LambdaLR with linear warm-up then constant or cosine decay."""
-    opt = torch.optim.AdamW(module.parameters(), lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
+    """AdamW over the parameters that train (all of them, or LoRA's adapters) and a LambdaLR with linear warm-up
+    then constant or cosine decay."""
+    opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
                             weight_decay=optim_cfg.weight_decay)
     warmup = optim_cfg.lr_warmup_steps
     if warmup < 0:

@@ -26,7 +26,8 @@ class ActorRolloutRefWorker(Worker):
                                  strategy=arr.actor.strategy, total_steps=total_steps,
                                  sp_size=arr.actor.ulysses_sequence_parallel_size, **common)
         self.ref = None
-        if self.use_ref:
+        # with LoRA the ref is the actor's own module with its adapters switched off (verl): no second model
+        if self.use_ref and arr.model.lora_rank == 0:
             self.ref = ActorEngine(role="ref", actor_cfg=arr.actor, fsdp_cfg=arr.ref.fsdp_config,
                                    strategy=arr.ref.strategy, sp_size=arr.ref.ulysses_sequence_parallel_size,
                                    **common)
@@ -63,14 +64,12 @@ class ActorRolloutRefWorker(Worker):
         """Sync the FSDP weights into the rollout engine, generate, free the engine's cache. The result's
         `meta["metrics"]` holds the rollout's phases: `timing_s/rollout/{wake,sync,generate,sleep}`,
         `perf/rollout/generated_tokens_per_s` (this rank's) and the GPU memory after each phase."""
-        from rlx.engine.weights import iter_full_params
-
         m: dict = {}
         with self.measured("wake", m, "rollout/wake"):  # vLLM sleep mode: the engine's weights come back first
             self.rollout.wake_up("weights")
         with self.measured("sync", m, "rollout/sync"):
-            with self.actor.phase():
-                self.rollout.sync_weights(iter_full_params(self.actor.module))
+            with self.actor.phase():  # merged base + adapter weights with LoRA (plain HF names)
+                self.rollout.sync_weights(self.actor.policy_weights())
         with self.measured("wake", m, "rollout/wake"):  # the KV cache once the FSDP shards left (param offload)
             self.rollout.wake_up("kv_cache")
         if self.rollout_name == "hf":  # the vLLM rollout derives per-data-parallel-rank seeds itself (TP-aware)
@@ -94,13 +93,14 @@ class ActorRolloutRefWorker(Worker):
         return Batch({"old_log_probs": out["log_probs"]}, meta={"metrics": m})
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        assert self.ref is not None, "ref model requested but no KL term is configured"
+        assert self.use_ref, "ref model requested but no KL term is configured"
         r = self.cfg.actor_rollout_ref.ref
+        engine = self.ref if self.ref is not None else self.actor  # with LoRA: the actor, adapters off
         m: dict = {}
-        with self.measured("ref", m):
-            out = self.ref.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu,
-                                            max_token_len=r.log_prob_max_token_len_per_gpu
-                                            if r.log_prob_use_dynamic_bsz else None)
+        with self.measured("ref", m), engine.adapters_disabled():
+            out = engine.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu,
+                                          max_token_len=r.log_prob_max_token_len_per_gpu
+                                          if r.log_prob_use_dynamic_bsz else None)
         return Batch({"ref_log_prob": out["log_probs"]}, meta={"metrics": m})
 
     def update_actor(self, batch: Batch) -> dict:
@@ -125,10 +125,8 @@ class ActorRolloutRefWorker(Worker):
 
     def param_checksum(self) -> float:
         """Sum of squares of all actor weights (collective): lets tests see that training changed them."""
-        from rlx.engine.weights import iter_full_params
-
         with self.actor.phase():
-            return float(sum(t.double().pow(2).sum() for _, t in iter_full_params(self.actor.module)))
+            return float(sum(t.double().pow(2).sum() for _, t in self.actor.policy_weights()))
 
 
 class ActorGroup(WorkerGroup):
