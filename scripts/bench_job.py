@@ -102,7 +102,7 @@ def run_job(overrides: list[str]) -> tuple[list[dict], float]:
     from rlx.trainer.main_ppo import run
 
     start = time.perf_counter()
-    trainer = run(load_config(overrides))
+    trainer = run(load_config(overrides, config_name="quickstart"))
     return trainer.history, time.perf_counter() - start
 
 
