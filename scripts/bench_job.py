@@ -80,6 +80,7 @@ def job_overrides(a, rollout: str, model: str, out: str) -> list[str]:
         "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.ref.fsdp_config.param_offload=True",
         f"actor_rollout_ref.rollout.name={rollout}",
+        f"actor_rollout_ref.rollout.enforce_eager={a.smoke}",  # CUDA graphs on a GPU (verl's default)
         f"actor_rollout_ref.rollout.n={a.n}",
         "actor_rollout_ref.rollout.temperature=1.0",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={a.gpu_memory_utilization}",

@@ -115,7 +115,7 @@ class EngineProbe:
 
         torch.cuda.empty_cache()
         before = self.used()
-        cfg = RolloutConfig(name="vllm", gpu_memory_utilization=utilization, free_cache_engine=True,
+        cfg = RolloutConfig(name="vllm", tensor_model_parallel_size=1, gpu_memory_utilization=utilization, free_cache_engine=True,
                             enforce_eager=True, dtype="bfloat16", max_num_seqs=64)
         self.rollout = VLLMRollout(self.path, cfg, max_prompt_length=16, max_response_length=R, rank=0,
                                    world_size=1, pad_token_id=self.tok.pad_token_id,
