@@ -71,6 +71,21 @@ def apply_tiled_mlp(layers: List[nn.Module], tile_tokens: int) -> TiledMLPHandle
     return handle
 
 
+def tile_tokenwise(module: nn.Module, tile_tokens: int) -> Callable[[], None]:
+    """Run any token-wise module (`[..., H]` -> `[..., H']`, each token on its own: an MLP, an RMSNorm) in
+    tiles of `tile_tokens` tokens as the MLPs above; returns the function that undoes it."""
+    had, orig = "forward" in module.__dict__, module.__dict__.get("forward")
+    module.forward = _tiled_forward(module, module.forward, tile_tokens)
+
+    def undo():
+        if had:
+            module.forward = orig
+        else:
+            del module.forward
+
+    return undo
+
+
 def _tiled_forward(mlp: nn.Module, orig: Callable, tile: int) -> Callable:
     def forward(x, *args, **kwargs):
         if args or kwargs or not isinstance(x, torch.Tensor) or x.dim() < 2 or x.numel() <= tile * x.shape[-1]:
