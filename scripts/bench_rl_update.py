@@ -24,6 +24,7 @@ Schemes are names made of parts joined by "_" (any order; a part that is absent 
     fused      model.use_fused_kernels=True, fused_kernel_options.chunk_size=--chunk-size (chunked log-prob
                head, no [tokens, vocab] logits); without it the full-logits head (use_fused_kernels=False)
     tile[N]    model.tile_mlp_tokens=N (default --tile-tokens): token-tiled MLP
+    layer[N]   model.tile_layer_tokens=N (default --layer-tokens): token-tiled decoder layers (needs ckpt)
     rmpad      model.use_remove_padding=True (packed rows, attention per sequence)
     dyn[N]     actor.use_dynamic_bsz=True, ppo_max_token_len_per_gpu=N (default --max-tokens)
     mb[N]      ppo_micro_batch_size_per_gpu=N (default 1 for long responses, --micro for --shaping)
@@ -98,6 +99,7 @@ class Scheme:
     offload: bool = False
     fused: bool = False
     tile: int = 0
+    layer: int = 0
     rmpad: bool = False
     dyn: int = 0
     micro: int = 0
@@ -112,12 +114,14 @@ def parse_scheme(name: str, a) -> Scheme:
             pass
         elif p.startswith("tile") and (p[4:].isdigit() or p == "tile"):
             s.tile = int(p[4:] or a.tile_tokens)
+        elif p.startswith("layer") and (p[5:].isdigit() or p == "layer"):
+            s.layer = int(p[5:] or a.layer_tokens)
         elif p.startswith("dyn") and (p[3:].isdigit() or p == "dyn"):
             s.dyn = int(p[3:] or a.max_tokens)
         elif p.startswith("mb") and p[2:].isdigit():
             s.micro = int(p[2:])
         else:
-            raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] rmpad dyn[N] "
+            raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] layer[N] rmpad dyn[N] "
                              f"mb[N] critic plain)")
     if s.critic and s.fused:
         raise ValueError(f"scheme {name!r}: the critic has a value head; `fused` (the chunked log-prob head) "
@@ -144,7 +148,8 @@ def overrides(s: Scheme, a, model_path: str, rows: int) -> tuple[list[str], list
         fixed = [f"{role}.strategy=fsdp2", "actor_rollout_ref.rollout.n=1", f"{role}.entropy_coeff=0",
                  f"{role}.use_kl_loss=False"]
     own = {f"{model}.enable_gradient_checkpointing": s.ckpt, f"{model}.enable_activation_offload": s.offload,
-           f"{model}.tile_mlp_tokens": s.tile, f"{model}.use_remove_padding": s.rmpad,
+           f"{model}.tile_mlp_tokens": s.tile, f"{model}.tile_layer_tokens": s.layer,
+           f"{model}.use_remove_padding": s.rmpad,
            f"{role}.use_dynamic_bsz": bool(s.dyn), f"{role}.ppo_max_token_len_per_gpu": s.dyn or a.max_tokens,
            f"{role}.ppo_micro_batch_size_per_gpu": s.micro}
     if not s.critic:
@@ -211,6 +216,7 @@ def worker(a):
 
     from rlx.config import load_config
     from rlx.workers.engine.fsdp import init_distributed
+    from rlx.workers.engine.base import micro_batch_tokens
     from rlx.workers.engine.packing import micro_batches
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -231,17 +237,21 @@ def worker(a):
     print(f"[{s.name}] overrides: {' '.join(ov)}", flush=True)
     cfg = load_config(ov, validate=False)
     t0 = time.perf_counter()
+    # the host pool sized up front for the longest micro-batch, as the workers size it from the config
+    padded = [max(ps) + max(rs) for ps, rs in points] + ([a.prompt + a.breakdown] if a.breakdown else [])
+    longest_mb = micro_batch_tokens(0, max(padded), min(s.micro or 1, rows), s.dyn or None)
     if s.critic:
         from rlx.workers.engine.critic import CriticEngine
 
-        engine = CriticEngine(critic_cfg=cfg.critic, device=dev, world_size=1)
+        engine = CriticEngine(critic_cfg=cfg.critic, device=dev, world_size=1, max_micro_batch_tokens=longest_mb)
         update, prefix = engine.update_critic, "critic"
     else:
         from rlx.workers.engine.actor import ActorEngine
 
         arr = cfg.actor_rollout_ref
         engine = ActorEngine(role="actor", model_cfg=arr.model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
-                             strategy=arr.actor.strategy, device=dev, world_size=1, rollout_n=1, temperature=1.0)
+                             strategy=arr.actor.strategy, device=dev, world_size=1, rollout_n=1, temperature=1.0,
+                             max_micro_batch_tokens=longest_mb)
         update, prefix = engine.update_policy, "actor"
     vocab = engine.module.config.vocab_size
     res = dict(scheme=s.name, mode="shaping" if a.shaping else "long", critic=s.critic, overrides=ov,
@@ -314,8 +324,40 @@ def worker(a):
         print("POINT " + json.dumps(pt), flush=True)
         if pt["status"] == "oom":
             break
+    if a.breakdown and not a.shaping:
+        res["breakdown"] = breakdown(a, s, step, vocab, cuda, dev)
     print("RESULT " + json.dumps(res), flush=True)
     torch.distributed.destroy_process_group()
+
+
+def breakdown(a, s: Scheme, step, vocab: int, cuda: bool, dev) -> dict | None:
+    """--breakdown N: one update at response N/2 and one at N, each under the memory census
+    (scripts/memory_census.py) after an untimed update at that length (pool and allocator sized). What grows
+    with the tokens is the difference per token between the two (constants such as gradients cancel); prints
+    the table and returns it."""
+    from memory_census import MemoryCensus, marginal, print_breakdown
+
+    runs = []
+    for n in (a.breakdown // 2, a.breakdown):
+        batch = make_batch([a.prompt], [n], vocab, a.seed)
+        try:
+            step(batch)
+            census = MemoryCensus()
+            with census:
+                dt, peak, _ = step(batch)
+        except Exception as e:  # noqa: BLE001
+            if not is_oom(e):
+                raise
+            print(f"[{s.name}] breakdown at {n}: OOM", flush=True)
+            return None
+        runs.append(census.summary(int(batch["attention_mask"].sum())))
+        runs[-1].update(len=n, step_s=dt, peak_gib=peak)
+        del batch
+    out = marginal(*runs)
+    print_breakdown(out, f"[{s.name}] breakdown, response {a.breakdown // 2} -> {a.breakdown} " +
+                    (f"(allocator peak {runs[0]['peak_gib']:.2f} -> {runs[1]['peak_gib']:.2f} GiB)" if cuda
+                     else "(CPU)"))
+    return out
 
 
 def _gib(x) -> str:
@@ -373,6 +415,7 @@ def run_child(a, scheme: str, points: list[int] | None = None, warmup_len: int =
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--scheme", scheme, "--model-path", a.model_path,
            "--shape", a.shape, "--device", a.device, "--cap-gib", str(a.cap_gib), "--prompt", str(a.prompt),
            "--tile-tokens", str(a.tile_tokens), "--chunk-size", str(a.chunk_size), "--micro", str(a.micro),
+           "--layer-tokens", str(a.layer_tokens), "--breakdown", str(a.breakdown),
            "--max-tokens", str(a.max_tokens), "--rows", str(a.rows), "--group", str(a.group),
            "--resp-range", f"{a.resp_range[0]},{a.resp_range[1]}", "--steps", str(a.steps),
            "--short-steps", str(a.short_steps), "--seed", str(a.seed)] + (["--warm-each"] if a.warm_each else [])
@@ -578,6 +621,10 @@ def main():
     ap.add_argument("--search-tries", type=int, default=2, help="processes the longest-fit search may start (0: off)")
     ap.add_argument("--tile-tokens", type=int, default=0, help="tokens per MLP tile of `tile` (1.5b: 8192)")
     ap.add_argument("--chunk-size", type=int, default=0, help="tokens per chunk of the fused head (1.5b: 2048)")
+    ap.add_argument("--layer-tokens", type=int, default=0, help="tokens per layer tile of `layer` (1.5b: 8192)")
+    ap.add_argument("--breakdown", type=int, default=0,
+                    help="after the lengths, one update at this response length under a memory census: KB per "
+                         "token by tensor class alive at the peak and at the start of backward (a table)")
     ap.add_argument("--short-steps", type=int, default=3, help="timed steps (median) at lengths <= 32768")
     ap.add_argument("--warm-each", action="store_true",
                     help="one untimed step at every length before timing it (steady-state step time: the "
@@ -607,6 +654,7 @@ def main():
     a.prompt = a.prompt or pre["prompt"]
     a.search_max = a.search_max or pre["search_max"]
     a.tile_tokens = a.tile_tokens or pre["tile"]
+    a.layer_tokens = a.layer_tokens or pre["tile"]
     a.chunk_size = a.chunk_size or pre["chunk"]
     a.rows, a.micro, a.max_tokens = a.rows or pre["rows"], a.micro or pre["micro"], a.max_tokens or pre["max_tokens"]
     a.resp_range = tuple(int(x) for x in a.resp_range.split(",")) if a.resp_range else pre["resp"]

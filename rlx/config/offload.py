@@ -29,6 +29,12 @@ class ActivationOffloadConfig:
     """Upper bound on the host pool. When a copy would need more, that tensor stays on the device instead.
     None: no bound (the pool grows to one micro-batch's offloaded activations and then stops)."""
 
+    reserve_pool: bool = True
+    """With checkpointing (where each offloaded group is one layer input), size the host pool before the first
+    update for the longest micro-batch the config allows (data.max_prompt_length + data.max_response_length
+    times ppo_micro_batch_size_per_gpu, or ppo_max_token_len_per_gpu with use_dynamic_bsz), instead of growing
+    it on the first step at each longer length (~0.4 s per new GiB of pinned memory). False: grow on demand."""
+
     offload_head: bool = True
     """Also treat the final norm and the output projection (HF `get_output_embeddings()`) as groups, so their
     saved inputs (a few hidden-state copies) leave the device while the vocabulary-sized loss runs, where the

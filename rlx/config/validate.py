@@ -171,6 +171,13 @@ def _check_long_sequences(cfg, errors):
         elif tile and _get(cfg, f"{prefix}.activation_offload.recompute_mlp"):
             errors.append(f"{prefix}.tile_mlp_tokens={tile} and {prefix}.activation_offload.recompute_mlp=True both "
                           f"replace the MLP's forward; choose one (tiling also recomputes the MLP in backward).")
+        layer = _get(cfg, f"{prefix}.tile_layer_tokens")
+        if layer < 0:
+            errors.append(f"{prefix}.tile_layer_tokens={layer} must be >= 0 (0 turns layer tiling off).")
+        elif layer and not _get(cfg, f"{prefix}.enable_gradient_checkpointing"):
+            errors.append(f"{prefix}.tile_layer_tokens={layer} recomputes each decoder layer in backward (a tiled "
+                          f"form of checkpointing); set {prefix}.enable_gradient_checkpointing=True, or "
+                          f"{prefix}.tile_layer_tokens=0.")
 
 
 def _check_algorithm(cfg, errors):

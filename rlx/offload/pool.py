@@ -60,6 +60,18 @@ class HostPool:
         self._account(n)
         return chunk[:nbytes]
 
+    def reserve(self, nbytes: int) -> int:
+        """Grow the pool now to at least `nbytes` (under `max_bytes`), in one chunk, so that the first micro-batch
+        that needs them does no host allocation. Returns the bytes added."""
+        want = _round_up(int(nbytes), 2 * _MiB) - self.capacity
+        if self.max_bytes is not None:
+            want = min(want, self.max_bytes - self.capacity)
+        if want <= 0:
+            return 0
+        self.chunks.append(torch.empty(want, dtype=torch.uint8, pin_memory=self.pin_memory))
+        self.n_chunk_allocs += 1
+        return want
+
     def _account(self, n: int) -> None:
         self.used += n
         self.peak_used = max(self.peak_used, self.used)

@@ -17,13 +17,19 @@ log = logging.getLogger("rlx")
 class ActorRolloutRefWorker(Worker):
     def init_model(self, total_steps: int, rollout_name: str) -> None:
         from rlx.workers.engine.actor import ActorEngine
+        from rlx.workers.engine.base import micro_batch_tokens
 
         arr = self.cfg.actor_rollout_ref
         self.use_ref = arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
         common = dict(model_cfg=arr.model, device=self.device, world_size=self.world_size,
                       rollout_n=arr.rollout.n, temperature=arr.rollout.temperature)
         self.actor = ActorEngine(role="actor", actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
-                                 strategy=arr.actor.strategy, total_steps=total_steps, **common)
+                                 strategy=arr.actor.strategy, total_steps=total_steps,
+                                 max_micro_batch_tokens=micro_batch_tokens(
+                                     self.cfg.data.max_prompt_length, self.cfg.data.max_response_length,
+                                     arr.actor.ppo_micro_batch_size_per_gpu,
+                                     arr.actor.ppo_max_token_len_per_gpu if arr.actor.use_dynamic_bsz else None),
+                                 **common)
         self.ref = None
         if self.use_ref:
             self.ref = ActorEngine(role="ref", actor_cfg=arr.actor, fsdp_cfg=arr.ref.fsdp_config,
