@@ -28,6 +28,7 @@ Schemes are names made of parts joined by "_" (any order; a part that is absent 
     rmpad      model.use_remove_padding=True (packed rows, attention per sequence)
     dyn[N]     actor.use_dynamic_bsz=True, ppo_max_token_len_per_gpu=N (default --max-tokens)
     mb[N]      ppo_micro_batch_size_per_gpu=N (default 1 for long responses, --micro for --shaping)
+    pf[N]      model.activation_offload.prefetch_layers=N (default: the config's, 2)
     critic     CriticEngine.update_critic (value head; `fused` does not apply) instead of the actor
     plain      nothing on (a name for the empty set)
 Every run also sets: strategy=fsdp2, mixed_precision {param bf16, reduce fp32, buffer fp32} on cuda (fp32 on
@@ -103,6 +104,7 @@ class Scheme:
     rmpad: bool = False
     dyn: int = 0
     micro: int = 0
+    prefetch: int = -1
 
 
 def parse_scheme(name: str, a) -> Scheme:
@@ -120,8 +122,10 @@ def parse_scheme(name: str, a) -> Scheme:
             s.dyn = int(p[3:] or a.max_tokens)
         elif p.startswith("mb") and p[2:].isdigit():
             s.micro = int(p[2:])
+        elif p.startswith("pf") and p[2:].isdigit():
+            s.prefetch = int(p[2:])
         else:
-            raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] layer[N] rmpad dyn[N] "
+            raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] layer[N] rmpad dyn[N] pf[N] "
                              f"mb[N] critic plain)")
     if s.critic and s.fused:
         raise ValueError(f"scheme {name!r}: the critic has a value head; `fused` (the chunked log-prob head) "
@@ -154,6 +158,8 @@ def overrides(s: Scheme, a, model_path: str, rows: int) -> tuple[list[str], list
            f"{role}.ppo_micro_batch_size_per_gpu": s.micro}
     if not s.critic:
         own.update({f"{model}.use_fused_kernels": s.fused, f"{model}.fused_kernel_options.chunk_size": a.chunk_size})
+    if s.prefetch >= 0:
+        own[f"{model}.activation_offload.prefetch_layers"] = s.prefetch
     ov = [f"trainer.device={a.device}", f"{model}.path={model_path}"] + [f"{k}={v}" for k, v in own.items()] + \
         [f"{role}.ppo_mini_batch_size={rows}", f"{role}.ppo_epochs=1", f"{role}.optim.lr=1e-6"] + fixed + \
         [f"{fsdp}.mixed_precision.{k}={v}" for k, v in precision(a).items()]
@@ -332,16 +338,15 @@ def worker(a):
 
 def breakdown(a, s: Scheme, step, vocab: int, cuda: bool, dev) -> dict | None:
     """--breakdown N: one update at response N/2 and one at N, each under the memory census
-    (scripts/memory_census.py) after an untimed update at that length (pool and allocator sized). What grows
-    with the tokens is the difference per token between the two (constants such as gradients cancel); prints
-    the table and returns it."""
+    (scripts/memory_census.py; the census counts what is allocated, so the allocator's cache does not matter,
+    and the host pool is sized up front). What grows with the tokens is the difference per token between the
+    two (constants such as gradients cancel); prints the table and returns it."""
     from memory_census import MemoryCensus, marginal, print_breakdown
 
     runs = []
     for n in (a.breakdown // 2, a.breakdown):
         batch = make_batch([a.prompt], [n], vocab, a.seed)
         try:
-            step(batch)
             census = MemoryCensus()
             with census:
                 dt, peak, _ = step(batch)
@@ -354,6 +359,7 @@ def breakdown(a, s: Scheme, step, vocab: int, cuda: bool, dev) -> dict | None:
         runs[-1].update(len=n, step_s=dt, peak_gib=peak)
         del batch
     out = marginal(*runs)
+    out["len"] = a.breakdown
     print_breakdown(out, f"[{s.name}] breakdown, response {a.breakdown // 2} -> {a.breakdown} " +
                     (f"(allocator peak {runs[0]['peak_gib']:.2f} -> {runs[1]['peak_gib']:.2f} GiB)" if cuda
                      else "(CPU)"))
@@ -487,7 +493,7 @@ def search(a, scheme: str, res: dict) -> None:
         n, est = nxt
         res["extrapolated"] = est
         print(f"[{scheme}] search: extrapolated {est and round(est)} tokens, trying {n}", flush=True)
-        r = run_child(a, scheme, [n], a.lengths[0])
+        r = run_child(a, scheme, [n], a.warmup or a.lengths[0])
         pts = r["points"] or [dict(len=n, status="oom" if "error" not in r else "error")]
         res.setdefault("search", []).extend(pts)
         if pts[-1]["status"] not in ("ok", "oom"):
@@ -556,6 +562,14 @@ def print_tables(results: list[dict], search_max: int) -> None:
             base = base or tps
             print(f"| {r['scheme']} | {r.get('switches', '?')} | {p['micro_batches']} | {p['computed_tokens']} | "
                   f"{p['step_s']:.3f} | {tps:.0f} | {tps / base:.2f} | {_gib(p['peak_gib'])} |")
+    for r in results:
+        if r.get("breakdown"):
+            from memory_census import print_breakdown
+
+            b = r["breakdown"]
+            print_breakdown(b, f"[{r['scheme']}] breakdown, response {b['len'] // 2} -> {b['len']}" +
+                            (f" (allocator peak {b['peak_gib'][0]:.2f} -> {b['peak_gib'][1]:.2f} GiB)"
+                             if b["peak_gib"][1] is not None else " (CPU)"))
     if any(r.get("shape") == "1.5b" for r in done):
         print_targets(results)
 
@@ -584,6 +598,22 @@ def print_targets(results: list[dict]) -> None:
         if best >= 262144 or short_oom:
             lines.append((f"offload_ckpt_fused_tile fits a 262144-token response (longest fitting: {best})",
                           best >= 262144))
+    for name, r in by.items():  # the tiled layers (issue 22): marginal memory, longest fit, time at 262k
+        if r.get("mode") != "long" or not any(p.startswith("layer") for p in name.split("_")):
+            continue
+        kb, span = slope_kb(r["points"])
+        fit = sorted((p["len"], p["peak_gib"]) for p in r["points"] + r.get("search", [])
+                     if p["status"] == "ok" and p.get("peak_gib") is not None)
+        if kb is not None:
+            lines.append((f"{name} marginal {kb:.1f} KB/token ({span}) <= 35", kb <= 35))
+            n, peak = fit[-1]
+            est = n + (80 - peak) * GiB / (kb * 1e3)
+            lines.append((f"{name} longest response in 80 GiB by extrapolation: {est:,.0f} tokens (longest run: "
+                          f"{n}) >= 1,048,576", est >= 1048576))
+        base = "critic_offload_ckpt_tile" if r.get("critic") else "offload_ckpt_fused_tile"  # the scheme before
+        x, y = step(name, 262144), step(base, 262144)
+        if x and y:
+            lines.append((f"{name} / {base} step at 262144 = {x / y:.3f} <= 1.05", x / y <= 1.05))
     a, b = step("ckpt_fused", 8192), step("ckpt", 8192)
     if a and b:
         lines.append((f"ckpt_fused / ckpt step at 8k = {a / b:.3f} <= 1.03", a / b <= 1.03))
@@ -621,6 +651,8 @@ def main():
     ap.add_argument("--search-tries", type=int, default=2, help="processes the longest-fit search may start (0: off)")
     ap.add_argument("--tile-tokens", type=int, default=0, help="tokens per MLP tile of `tile` (1.5b: 8192)")
     ap.add_argument("--chunk-size", type=int, default=0, help="tokens per chunk of the fused head (1.5b: 2048)")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="response length of the untimed warm-up update (default: the first length)")
     ap.add_argument("--layer-tokens", type=int, default=0, help="tokens per layer tile of `layer` (1.5b: 8192)")
     ap.add_argument("--breakdown", type=int, default=0,
                     help="after the lengths, one update at this response length under a memory census: KB per "
@@ -681,7 +713,7 @@ def main():
     a.model_path = model_dir(a)
     results = []
     for scheme in schemes:
-        res = run_child(a, scheme, a.lengths, a.lengths[0])
+        res = run_child(a, scheme, a.lengths, a.warmup or a.lengths[0])
         if not a.shaping and a.device == "cuda" and "error" not in res:
             search(a, scheme, res)
         results.append(res)

@@ -275,7 +275,7 @@ class _TiledLayer(torch.autograd.Function):
             del o, d_o, q, k, v
             # pre, tile by tile: x's gradient gets the residual part first, then the norm's (autograd's order
             # untiled: the residual add runs before the norm in backward)
-            grad_x = torch.empty_like(flat) if need_x else None
+            grad_x = dx_res if need_x else None  # each tile's rows are read (as the seed) before they are written
             for start, keep, end in tiles:
                 x_t = flat[start:end].detach().requires_grad_()
                 q_t, k_t, v_t = plan.pre(x_t, cos[start:end], sin[start:end])
