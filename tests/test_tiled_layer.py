@@ -185,7 +185,7 @@ def test_pool_reserved_before_first_step(tiny):
             assert added == 0 and off.pool.capacity == 0
             continue
         need = (len(m.model.layers) + 2) * tokens * h * 4  # layer inputs + the head's two (offload_head)
-        assert added == off.pool.capacity >= need and off.pool.n_chunk_allocs == 1
+        assert added == off.pool.capacity >= need and off.pool.n_chunk_allocs == 1  # < 1 GiB: one chunk
         ids = torch.randint(0, m.config.vocab_size, (2, 300), generator=torch.Generator().manual_seed(0))
         _run(m, ids, off.activate())
         st = off.stats()
@@ -195,6 +195,17 @@ def test_pool_reserved_before_first_step(tiny):
     from rlx.offload.pool import HostPool
     pool = HostPool(1 << 20, pin_memory=False, max_bytes=3 << 20)
     assert pool.reserve(10 << 20) == 3 << 20 and pool.capacity == 3 << 20  # the bound holds
+    import rlx.offload.pool as pool_mod
+    big = HostPool(1 << 20, pin_memory=False)
+    pool_mod._GiB, saved = 8 << 20, pool_mod._GiB  # chunks of ~8 MiB instead of 1 GiB, to test it small
+    try:
+        piece = 3 << 20  # 3 MiB requests: chunks of two whole pieces (6 MiB), never one split across chunks
+        assert big.reserve(5 * piece, piece) == 16 << 20  # 15 MiB rounded up to 2 MiB
+        assert [c.numel() for c in big.chunks] == [6 << 20, 6 << 20, 4 << 20]
+        got = [big.allocate(piece) for _ in range(5)]
+        assert all(t is not None and t.numel() == piece for t in got) and big.n_chunk_allocs == 3
+    finally:
+        pool_mod._GiB = saved
 
 
 # ---------------------------------------------------------------- FSDP1 / FSDP2 over gloo, world size 2

@@ -143,7 +143,8 @@ class ActivationOffloader:
         if not (self.cfg.reserve_pool and self.checkpointing) or tokens <= 0:
             return 0
         groups = sum(self._offload)  # offloaded decoder layers and head modules
-        return self.pool.reserve(groups * tokens * hidden_size * torch.empty((), dtype=dtype).element_size())
+        piece = tokens * hidden_size * torch.empty((), dtype=dtype).element_size()  # one group's input
+        return self.pool.reserve(groups * piece, piece)
 
     def describe(self) -> str:
         s = self.stats()
