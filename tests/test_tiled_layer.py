@@ -254,3 +254,29 @@ def _fsdp_worker(rank: int, world: int, port: int, path: str):
 def test_tiled_layers_fsdp1_fsdp2_offload_ckpt(tiny_model_path):
     from test_ops import _free_port
     torch.multiprocessing.spawn(_fsdp_worker, args=(2, _free_port(), tiny_model_path), nprocs=2, join=True)
+
+
+# ---------------------------------------------------------------- the breakdown's census (scripts/memory_census.py)
+def test_memory_census_per_token_classes():
+    """y = exp(2 a) over n tokens of 256 float32: forward leaves exp's output for backward (1.024 KB per token);
+    backward allocates exp's and mul's gradients on top; a's own storage was made outside and is not counted."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    from memory_census import MemoryCensus, marginal
+
+    runs = []
+    for n in (1000, 3000):
+        a = torch.randn(n, 256, requires_grad=True)
+        census = MemoryCensus()
+        with census:
+            y = (a * 2).exp()
+            y.sum().backward()
+        del y
+        runs.append(census.summary(n))
+        assert census.total == n * 256 * 4  # freed storages are forgotten: only a.grad is still alive
+    m = marginal(*runs)
+    rows = {r["cls"]: r for r in m["rows"]}
+    exp = [r for c, r in rows.items() if c.startswith("fwd") and "| exp |" in c]
+    assert len(exp) == 1 and exp[0]["backward_start_kb"] == pytest.approx(1.024), rows
+    assert m["backward_start_kb"] == pytest.approx(1.024)  # the mul's output was freed before backward
+    assert any(c.startswith("bwd") for c in rows) and m["peak_kb"] >= 2 * 1.024, rows
