@@ -76,8 +76,16 @@ def _assert_equal(ref, got, what):
             assert torch.equal(g0[n], g1[n]), f"{what}: grad of {n} differs by {(g0[n] - g1[n]).abs().max()}"
 
 
+def _count_reuse(monkeypatch) -> list:
+    """One entry per tiled layer backward: whether its incoming gradient became its dx in place."""
+    import rlx.ops.tiled_layer as tl
+    hits, orig = [], tl.is_exclusive
+    monkeypatch.setattr(tl, "is_exclusive", lambda t: hits.append(orig(t)) or hits[-1])
+    return hits
+
+
 @pytest.mark.parametrize("mode", ["plain", "offload_ckpt", "critic", "packed"])
-def test_tiled_layers_bitwise(tiny, tiny_model_path, mode):
+def test_tiled_layers_bitwise(tiny, tiny_model_path, mode, monkeypatch):
     from rlx.offload import ActivationOffloadConfig, apply_activation_offload, find_decoder_layers
 
     base = _load(tiny_model_path, critic=True) if mode == "critic" else tiny
@@ -88,6 +96,7 @@ def test_tiled_layers_bitwise(tiny, tiny_model_path, mode):
         off = apply_activation_offload(m, ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False),
                                        enable_gradient_checkpointing=True, recomputed=handle.layers)
     seen = _count_pre(m)
+    reused = _count_reuse(monkeypatch)
     n_layers = len(handle.layers)
     kw = {}
     if mode == "packed":  # one row of two sequences (150 + 150 tokens): position_ids restart, attention per sequence
@@ -104,8 +113,11 @@ def test_tiled_layers_bitwise(tiny, tiny_model_path, mode):
     for step in range(2):
         ids = torch.randint(0, m.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(step))
         seen.clear()
+        reused.clear()
         got = _run(m, ids, off.activate() if off is not None else None, **kw)
         _assert_equal(_run(ref, ids, **kw), got, mode)
+        # every layer's incoming gradient came from the tiled layer or final norm above: its dx in place
+        assert reused == [True] * n_layers, reused
         # each layer: forward's tiles, then backward's q/k/v without grad and the tiles differentiated
         assert sorted(seen) == sorted([96, 96, 96, 32] * 3 * n_layers), seen
     if off is not None:
@@ -120,6 +132,30 @@ def test_tiled_layers_bitwise(tiny, tiny_model_path, mode):
     handle.remove()
     assert all("forward" not in layer.__dict__ for layer in m.base_model.layers)
     assert "forward" not in m.base_model.norm.__dict__
+
+
+def test_tiled_layer_hands_down_only_exclusive_gradients(tiny, monkeypatch):
+    """A layer's gradient is reused in place only when nothing else can hold it: after the loss (not handed
+    down by a tiled function) or through a node that fans it out (`y + y`), a fresh buffer is used."""
+    ref = copy.deepcopy(tiny)
+    m = copy.deepcopy(tiny)
+    apply_tiled_layers(list(m.model.layers[:2]), 64)
+    reused = _count_reuse(monkeypatch)
+    pos = torch.arange(100)[None].expand(2, -1)
+    for fan_out in (False, True):
+        grads = []
+        for model in (ref, m):
+            l1, l2 = model.model.layers[:2]
+            x = torch.randn(2, 100, m.config.hidden_size, generator=torch.Generator().manual_seed(0),
+                            requires_grad=True)
+            pe = m.model.rotary_emb(x, pos)
+            y = l1(x, attention_mask=None, position_ids=pos, position_embeddings=pe)
+            z = l2(y + y if fan_out else y, attention_mask=None, position_ids=pos, position_embeddings=pe)
+            (z * torch.randn(z.shape, generator=torch.Generator().manual_seed(1))).sum().backward()
+            grads.append(x.grad)
+        assert torch.equal(grads[0], grads[1]), fan_out
+        assert reused == ([False, False] if fan_out else [False, True]), (fan_out, reused)
+        reused.clear()
 
 
 def test_tiled_layer_saves_input_and_params_only(tiny):
@@ -232,6 +268,9 @@ def _fsdp_train(path, strategy: str, tiled: bool, critic: bool):
 
 
 def _fsdp_worker(rank: int, world: int, port: int, path: str):
+    import rlx.ops.tiled_layer as tl
+    hits, orig = [], tl.is_exclusive
+    tl.is_exclusive = lambda t: hits.append(orig(t)) or hits[-1]  # this spawned process only
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                          world_size=world)
@@ -239,7 +278,9 @@ def _fsdp_worker(rank: int, world: int, port: int, path: str):
         for strategy, critic in (("fsdp1", False), ("fsdp2", False), ("fsdp2", True)):
             what = f"{strategy}{' critic' if critic else ''}, offload + ckpt"
             o0, g0 = _fsdp_train(path, strategy, False, critic)
+            hits.clear()
             o1, g1 = _fsdp_train(path, strategy, True, critic)
+            assert hits == [True] * 4, (what, hits)  # through FSDP's hooks too: dx in place
             assert torch.equal(o0, o1), what
             assert g0.keys() == g1.keys() and g0, what
             for n in g0:  # sharded gradients: a layer's shard is a sum over tiles (and ranks)

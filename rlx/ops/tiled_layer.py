@@ -19,8 +19,9 @@ residual sums, the MLP's intermediates, or their gradients):
                        per tile: recompute pre(x_t), differentiate with (dq_t, dk_t, dv_t) and the residual part
                        seeded first -> dx_t, param grads
 
-Whole at once, per token: x, the incoming gradient and dx; q, k, v and their gradients; the attention output,
-its gradient and the attention's own saved state (log-sum-exp). The tiles' own intermediates exist one tile at a
+Whole at once, per token: x, the incoming gradient (which becomes dx in place when the tiled layer or final norm
+above handed it down and nothing else can hold it: `hand_down`); q, k, v and their gradients; the attention
+output, its gradient and the attention's own saved state (log-sum-exp). The tiles' own intermediates exist one tile at a
 time. The final norm of the model (`final_norm`) is tiled as a token-wise module too.
 
 The layer is its own checkpoint: do not checkpoint it again (`FSDPEngine` skips HF checkpointing of tiled
@@ -44,7 +45,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .tiled_mlp import _cast, _grad_params, _swapped, _windows, tile_tokenwise
+from .tiled_mlp import _cast, _grad_params, _swapped, _windows, hand_down, is_exclusive, tile_tokenwise
 
 __all__ = ["TiledLayerHandle", "apply_tiled_layers"]
 
@@ -258,8 +259,11 @@ class _TiledLayer(torch.autograd.Function):
                 t.requires_grad_()
             o = plan.attention(q, k, v, (b, s), mask, akw)
             o_in = o.detach()
-            # post, tile by tile: the residual part of dx (rows the tile owns) and the attention output's gradient
-            dx_res = torch.empty_like(flat)
+            # post, tile by tile: the residual part of dx (rows the tile owns) and the attention output's gradient.
+            # A gradient handed down by the tiled layer above (nothing else holds it) becomes dx in place: each
+            # tile's rows are read before they are written.
+            reuse = is_exclusive(grad_out) and grad_out.is_contiguous() and grad_out.dtype == x.dtype
+            dx_res = g_flat if reuse else torch.empty_like(flat)
             d_o = torch.empty_like(o_in)
             for start, keep, end in tiles:
                 x_t = flat[start:end].detach().requires_grad_()
@@ -287,4 +291,4 @@ class _TiledLayer(torch.autograd.Function):
                 sums.add(gp)
         it = iter(sums.sums)
         p_grads = [_cast(next(it), p.dtype) if need else None for p, need in zip(params, need_p)]
-        return (None, None, None, None if grad_x is None else grad_x.view(b, s, hid), *p_grads)
+        return (None, None, None, hand_down(ctx, None if grad_x is None else grad_x.view(b, s, hid)), *p_grads)
