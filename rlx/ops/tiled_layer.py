@@ -255,8 +255,7 @@ class _TiledLayer(torch.autograd.Function):
             # q, k, v again (no grad: their tiles are differentiated below), then the attention with grad
             with torch.no_grad():
                 q, k, v = _qkv(plan, flat, cos, sin)
-            for t in (q, k, v):
-                t.requires_grad_()
+            q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
             o = plan.attention(q, k, v, (b, s), mask, akw)
             o_in = o.detach()
             # post, tile by tile: the residual part of dx (rows the tile owns) and the attention output's gradient.
@@ -274,9 +273,9 @@ class _TiledLayer(torch.autograd.Function):
                 dx_res[keep:end] = gx[keep - start:]
                 d_o[keep:end] = go[keep - start:]
                 sums.add(gp)
-            del o_in
+            del o_in, x_t, o_t, y_t, go
             dq, dk, dv = torch.autograd.grad(o, (q, k, v), d_o)
-            del o, d_o, q, k, v
+            del o, d_o, q, k, v  # the attention's graph went with the grad call; its inputs/outputs go here
             # pre, tile by tile: x's gradient gets the residual part first, then the norm's (autograd's order
             # untiled: the residual add runs before the norm in backward)
             grad_x = dx_res if need_x else None  # each tile's rows are read (as the seed) before they are written
