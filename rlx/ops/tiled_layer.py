@@ -140,6 +140,15 @@ class _LayerPlan:
         q, k = self.rotary(q, k, cos, sin)  # cos/sin `[n, d]`, unsqueezed to `[n, 1, d]`: per token, per head
         return q, k, v
 
+    @staticmethod
+    def head_groups(n_q: int, n_kv: int):
+        """(query heads, KV heads) slices of each KV head's group: the attention of one group needs nothing of
+        another (GQA: n_q / n_kv query heads share a KV head)."""
+        if n_kv <= 1 or n_q % n_kv:
+            return [(slice(0, n_q), slice(0, n_kv))]
+        per = n_q // n_kv
+        return [(slice(j * per, (j + 1) * per), slice(j, j + 1)) for j in range(n_kv)]
+
     def post(self, x, o):
         h = x + self.attn.o_proj(o)
         return h + self.layer.mlp(self.layer.post_attention_layernorm(h))
@@ -252,30 +261,40 @@ class _TiledLayer(torch.autograd.Function):
         sums = _Sums(len(wanted))
         tiles = _tiles(plan, b * s)
         with torch.enable_grad(), _swapped(ctx.slots, leaves):
-            # q, k, v again (no grad: their tiles are differentiated below), then the attention with grad
+            # q, k, v again (no grad: their tiles are differentiated below), then the attention with grad, one
+            # call per KV head and its query heads (attention is independent across them): the attention kernel's
+            # own backward buffers (FlashAttention-2: a float32 dq accumulator, GQA-expanded dk/dv) then exist
+            # for one group of heads at a time
             with torch.no_grad():
                 q, k, v = _qkv(plan, flat, cos, sin)
-            q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
-            o = plan.attention(q, k, v, (b, s), mask, akw)
-            o_in = o.detach()
+            groups = []  # per KV head: (q_j, k_j, v_j) leaves (views of the buffers), attention output `[T, hq * d]`
+            for qs, ks in plan.head_groups(q.shape[1], k.shape[1]):
+                leaves_j = [t[:, sl].detach().requires_grad_() for t, sl in ((q, qs), (k, ks), (v, ks))]
+                groups.append((leaves_j, plan.attention(*leaves_j, (b, s), mask, akw)))
+            cols = [o_j.shape[1] for _, o_j in groups]
             # post, tile by tile: the residual part of dx (rows the tile owns) and the attention output's gradient.
             # A gradient handed down by the tiled layer above (nothing else holds it) becomes dx in place: each
             # tile's rows are read before they are written.
             reuse = is_exclusive(grad_out) and grad_out.is_contiguous() and grad_out.dtype == x.dtype
             dx_res = g_flat if reuse else torch.empty_like(flat)
-            d_o = torch.empty_like(o_in)
+            d_o = [torch.empty_like(o_j) for _, o_j in groups]
             for start, keep, end in tiles:
                 x_t = flat[start:end].detach().requires_grad_()
-                o_t = o_in[start:end].detach().requires_grad_()
+                o_t = torch.cat([o_j.detach()[start:end] for _, o_j in groups], dim=1).requires_grad_()
                 y_t = plan.post(x_t, o_t)
                 gx, go, *gp = torch.autograd.grad(y_t, [x_t, o_t] + wanted, _padded(g_flat, start, keep, end),
                                                   allow_unused=True)
                 dx_res[keep:end] = gx[keep - start:]
-                d_o[keep:end] = go[keep - start:]
+                for d_o_j, go_j in zip(d_o, go[keep - start:].split(cols, dim=1)):
+                    d_o_j[keep:end] = go_j
                 sums.add(gp)
-            del o_in, x_t, o_t, y_t, go
-            dq, dk, dv = torch.autograd.grad(o, (q, k, v), d_o)
-            del o, d_o, q, k, v  # the attention's graph went with the grad call; its inputs/outputs go here
+            del x_t, o_t, y_t, go
+            grads = []  # per group: dq_j, dk_j, dv_j
+            while groups:
+                leaves_j, o_j = groups.pop(0)
+                grads.append(torch.autograd.grad(o_j, leaves_j, d_o.pop(0)))
+                del leaves_j, o_j  # this group's attention output and its gradient go before the next group's
+            del q, k, v
             # pre, tile by tile: x's gradient gets the residual part first, then the norm's (autograd's order
             # untiled: the residual add runs before the norm in backward)
             grad_x = dx_res if need_x else None  # each tile's rows are read (as the seed) before they are written
@@ -283,7 +302,8 @@ class _TiledLayer(torch.autograd.Function):
                 x_t = flat[start:end].detach().requires_grad_()
                 q_t, k_t, v_t = plan.pre(x_t, cos[start:end], sin[start:end])
                 res = x_t.view_as(x_t)  # created last: its backward (the residual part) runs first
-                gs = [_padded(d, start, keep, end) for d in (dq, dk, dv, dx_res)]
+                gs = [torch.cat([_padded(g[i], start, keep, end) for g in grads], dim=1) for i in range(3)]
+                gs.append(_padded(dx_res, start, keep, end))
                 gx, *gp = torch.autograd.grad([q_t, k_t, v_t, res], [x_t] + wanted, gs, allow_unused=True)
                 if need_x:
                     grad_x[keep:end] = gx[keep - start:]
