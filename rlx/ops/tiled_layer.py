@@ -15,7 +15,7 @@ residual sums, the MLP's intermediates, or their gradients):
     forward (no grad)  q, k, v = pre(x) tile by tile into whole buffers;  o = attn(q, k, v);  y = post(x, o) by tiles
     backward           q, k, v = pre(x) by tiles (no grad);  o = attn(q, k, v) with grad
                        per tile: recompute post(x_t, o_t), differentiate -> dx_t (residual part), do_t, param grads
-                       dq, dk, dv = attention backward(do)                       (o, do freed here)
+                       dq, dk, dv = attention backward(do), per KV head group    (o, do freed group by group)
                        per tile: recompute pre(x_t), differentiate with (dq_t, dk_t, dv_t) and the residual part
                        seeded first -> dx_t, param grads
 
