@@ -350,10 +350,10 @@ def breakdown(a, s: Scheme, step, vocab: int, cuda: bool, dev) -> dict | None:
             census = MemoryCensus()
             with census:
                 dt, peak, _ = step(batch)
-        except Exception as e:  # noqa: BLE001
-            if not is_oom(e):
-                raise
-            print(f"[{s.name}] breakdown at {n}: OOM", flush=True)
+        except Exception as e:  # noqa: BLE001  (the measured points above are kept either way)
+            import traceback
+
+            print(f"[{s.name}] breakdown at {n}: " + ("OOM" if is_oom(e) else traceback.format_exc()), flush=True)
             return None
         runs.append(census.summary(int(batch["attention_mask"].sum())))
         runs[-1].update(len=n, step_s=dt, peak_gib=peak)
@@ -445,6 +445,26 @@ def run_child(a, scheme: str, points: list[int] | None = None, warmup_len: int =
     if res is None:  # crashed or killed: keep the points it finished
         res = dict(scheme=scheme, mode="shaping" if a.shaping else "long", points=pts, error=f"exit {p.returncode}")
     return res
+
+
+def merge_runs(results: list[dict]) -> list[dict]:
+    """One result per (scheme, mode): runs of the same scheme at other lengths (e.g. a longest point run in a
+    call of its own) add their points; the first run's other fields win."""
+    out, by = [], {}
+    for r in results:
+        key = (r.get("scheme"), r.get("mode"))
+        if key not in by:
+            by[key] = dict(r, points=list(r.get("points", [])))
+            out.append(by[key])
+            continue
+        m = by[key]
+        have = {p["len"] for p in m["points"]}
+        m["points"] = sorted(m["points"] + [p for p in r.get("points", []) if p["len"] not in have],
+                             key=lambda p: p["len"])
+        m.setdefault("search", []).extend(r.get("search", []))
+        if r.get("breakdown") and not m.get("breakdown"):
+            m["breakdown"] = r["breakdown"]
+    return out
 
 
 def slope_kb(points: list[dict]) -> tuple[float | None, str]:
@@ -700,7 +720,7 @@ def main():
         for f in a.table.split(","):
             with open(f) as fh:
                 results += json.load(fh)["results"]
-        print_tables(results, a.search_max)
+        print_tables(merge_runs(results), a.search_max)
         return
     if a.device == "auto":
         import torch
