@@ -43,7 +43,9 @@ class ActivationOffloadConfig:
 
     prefetch_layers: int = 2
     """During backward, how many offloaded groups ahead of the layer being differentiated are copied back
-    (backward memory is usually far below the loss peak, so 2 costs no peak)."""
+    (backward memory is usually far below the loss peak, so 2 costs no peak). With tile_layer_tokens on long
+    sequences each group costs one hidden vector per token at the peak and a layer's backward is long enough to
+    hide a copy: use 1."""
 
     rebuild_pointwise: bool = True
     """A saved tensor that is the whole output of an elementwise `silu` or `mul` of other offloaded tensors of
