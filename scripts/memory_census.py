@@ -7,8 +7,9 @@ It tracks, per class, the bytes alive
 
 * at the start of backward (the first op the autograd engine runs): what forward left for backward on the
   device (saved tensors that stayed, the loss's inputs; offloaded tensors are on the host by then), and
-* at the peak of the bytes alive (storages allocated before the census started, such as parameters and
-  optimizer state, are not counted: the census sees what the step allocates).
+* at the peak of the bytes alive over forward and backward, up to the first optimizer step (whose own peak
+  does not grow with the tokens); storages allocated before the census started, such as parameters and
+  optimizer state, are not counted: the census sees what the step allocates.
 
 It runs on CPU and CUDA alike (on CPU it is how the breakdown is developed at small scale), costs a Python call
 per op, and does not change any result. `marginal(short, long)` turns two censuses at different lengths into
@@ -53,6 +54,21 @@ class MemoryCensus(TorchDispatchMode):
         self.at_backward: dict[str, int] | None = None
         self.total_at_backward = 0
         self.n_ops = 0
+        self.frozen = False  # set by the first optimizer step: its peak is flat in the tokens
+        self._hook = None
+
+    def __enter__(self):
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self.frozen = False
+        self._hook = register_optimizer_step_pre_hook(lambda *args: setattr(self, "frozen", True))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        return super().__exit__(*exc)
 
     # ---- recording ------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -82,7 +98,7 @@ class MemoryCensus(TorchDispatchMode):
         self.live[ptr] = (cls, nbytes)
         self.by_class[cls] += nbytes
         self.total += nbytes
-        if self.total > self.peak:
+        if self.total > self.peak and not self.frozen:
             self.peak = self.total
             self.at_peak = dict(self.by_class)
         weakref.finalize(st, self._freed, ptr)

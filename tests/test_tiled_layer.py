@@ -321,6 +321,15 @@ def test_memory_census_per_token_classes():
     assert len(exp) == 1 and exp[0]["backward_start_kb"] == pytest.approx(1.024), rows
     assert m["backward_start_kb"] == pytest.approx(1.024)  # the mul's output was freed before backward
     assert any(c.startswith("bwd") for c in rows) and m["peak_kb"] >= 2 * 1.024, rows
+    # an optimizer step's allocations are followed (freed storages forgotten) but do not move the peak
+    p = torch.nn.Parameter(torch.zeros(4000, 256))
+    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+    census = MemoryCensus()
+    with census:
+        p.grad = torch.ones_like(p)  # 4 MB: the peak so far
+        opt.step()  # allocates the 4 MB momentum buffer, which stays
+    assert census.peak == 4000 * 256 * 4 and census.frozen
+    assert census.total == 2 * 4000 * 256 * 4
 
 
 # ---------------------------------------------------------------- CUDA: same results, lower peak (pytest -m gpu)
