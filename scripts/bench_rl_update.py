@@ -24,9 +24,11 @@ Schemes are names made of parts joined by "_" (any order; a part that is absent 
     fused      model.use_fused_kernels=True, fused_kernel_options.chunk_size=--chunk-size (chunked log-prob
                head, no [tokens, vocab] logits); without it the full-logits head (use_fused_kernels=False)
     tile[N]    model.tile_mlp_tokens=N (default --tile-tokens): token-tiled MLP
+    layer[N]   model.tile_layer_tokens=N (default --layer-tokens): token-tiled decoder layers (needs ckpt)
     rmpad      model.use_remove_padding=True (packed rows, attention per sequence)
     dyn[N]     actor.use_dynamic_bsz=True, ppo_max_token_len_per_gpu=N (default --max-tokens)
     mb[N]      ppo_micro_batch_size_per_gpu=N (default 1 for long responses, --micro for --shaping)
+    pf[N]      model.activation_offload.prefetch_layers=N (default: the config's, 2)
     critic     CriticEngine.update_critic (value head; `fused` does not apply) instead of the actor
     sp[N]      ulysses_sequence_parallel_size=N (default --sp): N processes (torchrun, one GPU each) share the
                batch, each holding 1/N of the packed sequence; implies rmpad. Peaks are per GPU (max over ranks)
@@ -123,10 +125,12 @@ class Scheme:
     offload: bool = False
     fused: bool = False
     tile: int = 0
+    layer: int = 0
     rmpad: bool = False
     dyn: int = 0
     micro: int = 0
     sp: int = 1
+    prefetch: int = -1
 
 
 def parse_scheme(name: str, a) -> Scheme:
@@ -138,6 +142,8 @@ def parse_scheme(name: str, a) -> Scheme:
             pass
         elif p.startswith("tile") and (p[4:].isdigit() or p == "tile"):
             s.tile = int(p[4:] or a.tile_tokens)
+        elif p.startswith("layer") and (p[5:].isdigit() or p == "layer"):
+            s.layer = int(p[5:] or a.layer_tokens)
         elif p.startswith("dyn") and (p[3:].isdigit() or p == "dyn"):
             s.dyn = int(p[3:] or a.max_tokens)
         elif p.startswith("mb") and p[2:].isdigit():
@@ -145,9 +151,11 @@ def parse_scheme(name: str, a) -> Scheme:
         elif p.startswith("sp") and (p[2:].isdigit() or p == "sp"):
             s.sp = int(p[2:] or a.sp)
             s.rmpad = True  # Ulysses shards the packed row
+        elif p.startswith("pf") and p[2:].isdigit():
+            s.prefetch = int(p[2:])
         else:
-            raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] rmpad dyn[N] "
-                             f"mb[N] sp[N] critic plain)")
+            raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] layer[N] rmpad "
+                             f"dyn[N] pf[N] mb[N] sp[N] critic plain)")
     if s.critic and s.fused:
         raise ValueError(f"scheme {name!r}: the critic has a value head; `fused` (the chunked log-prob head) "
                          f"does not apply")
@@ -173,7 +181,8 @@ def overrides(s: Scheme, a, model_path: str, rows: int) -> tuple[list[str], list
         fixed = [f"{role}.strategy=fsdp2", "actor_rollout_ref.rollout.n=1", f"{role}.entropy_coeff=0",
                  f"{role}.use_kl_loss=False"]
     own = {f"{model}.enable_gradient_checkpointing": s.ckpt, f"{model}.enable_activation_offload": s.offload,
-           f"{model}.tile_mlp_tokens": s.tile, f"{model}.use_remove_padding": s.rmpad,
+           f"{model}.tile_mlp_tokens": s.tile, f"{model}.tile_layer_tokens": s.layer,
+           f"{model}.use_remove_padding": s.rmpad,
            f"{role}.use_dynamic_bsz": bool(s.dyn), f"{role}.ppo_max_token_len_per_gpu": s.dyn or a.max_tokens,
            f"{role}.ppo_micro_batch_size_per_gpu": s.micro, f"{role}.ulysses_sequence_parallel_size": s.sp}
     if not s.critic:
@@ -182,6 +191,8 @@ def overrides(s: Scheme, a, model_path: str, rows: int) -> tuple[list[str], list
         own.update({f"{model}.lora_rank": a.lora, f"{model}.lora_alpha": a.lora_alpha or a.lora,
                     f"{model}.target_modules": "all-linear"})
         fixed.append(f"{fsdp}.model_dtype={'bf16' if a.device == 'cuda' else 'fp32'}")
+    if s.prefetch >= 0:
+        own[f"{model}.activation_offload.prefetch_layers"] = s.prefetch
     ov = [f"trainer.device={a.device}", f"{model}.path={model_path}"] + [f"{k}={v}" for k, v in own.items()] + \
         [f"{role}.ppo_mini_batch_size={rows}", f"{role}.ppo_epochs=1", f"{role}.optim.lr=1e-6"] + fixed + \
         [f"{fsdp}.mixed_precision.{k}={v}" for k, v in precision(a).items()]
@@ -244,6 +255,7 @@ def worker(a):
     import torch
 
     from rlx.config import load_config
+    from rlx.engine.base import micro_batch_tokens
     from rlx.engine.fsdp import init_distributed
     from rlx.engine.packing import micro_batches
 
@@ -268,10 +280,13 @@ def worker(a):
     print(f"[{s.name}] overrides: {' '.join(ov)}", flush=True)
     cfg = load_config(ov, validate=False)
     t0 = time.perf_counter()
+    # the host pool sized up front for the longest micro-batch, as the workers size it from the config
+    padded = [max(ps) + max(rs) for ps, rs in points] + ([a.prompt + a.breakdown] if a.breakdown else [])
+    longest_mb = micro_batch_tokens(0, max(padded), min(s.micro or 1, rows), s.dyn or None)
     if s.critic:
         from rlx.engine.critic import CriticEngine
 
-        engine = CriticEngine(critic_cfg=cfg.critic, device=dev, world_size=s.sp)
+        engine = CriticEngine(critic_cfg=cfg.critic, device=dev, world_size=s.sp, max_micro_batch_tokens=longest_mb)
         update, prefix = engine.update_critic, "critic"
     else:
         from rlx.engine.actor import ActorEngine
@@ -279,7 +294,7 @@ def worker(a):
         arr = cfg.actor_rollout_ref
         engine = ActorEngine(role="actor", model_cfg=arr.model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
                              strategy=arr.actor.strategy, device=dev, world_size=s.sp, rollout_n=1, temperature=1.0,
-                             sp_size=s.sp)
+                             sp_size=s.sp, max_micro_batch_tokens=longest_mb)
         update, prefix = engine.update_policy, "actor"
     vocab = engine.module.config.vocab_size
     res = dict(scheme=s.name, mode="shaping" if a.shaping else "long", critic=s.critic, overrides=ov,
@@ -361,8 +376,40 @@ def worker(a):
         print("POINT " + json.dumps(pt), flush=True)
         if pt["status"] == "oom":
             break
+    if a.breakdown and not a.shaping:
+        res["breakdown"] = breakdown(a, s, step, vocab, cuda, dev)
     print("RESULT " + json.dumps(res), flush=True)
     torch.distributed.destroy_process_group()
+
+
+def breakdown(a, s: Scheme, step, vocab: int, cuda: bool, dev) -> dict | None:
+    """--breakdown N: one update at response N/2 and one at N, each under the memory census
+    (scripts/memory_census.py; the census counts what is allocated, so the allocator's cache does not matter,
+    and the host pool is sized up front). What grows with the tokens is the difference per token between the
+    two (constants such as gradients cancel); prints the table and returns it."""
+    from memory_census import MemoryCensus, marginal, print_breakdown
+
+    runs = []
+    for n in (a.breakdown // 2, a.breakdown):
+        batch = make_batch([a.prompt], [n], vocab, a.seed)
+        try:
+            census = MemoryCensus()
+            with census:
+                dt, peak, _ = step(batch)
+        except Exception as e:  # noqa: BLE001  (the measured points above are kept either way)
+            import traceback
+
+            print(f"[{s.name}] breakdown at {n}: " + ("OOM" if is_oom(e) else traceback.format_exc()), flush=True)
+            return None
+        runs.append(census.summary(int(batch["attention_mask"].sum())))
+        runs[-1].update(len=n, step_s=dt, peak_gib=peak)
+        del batch
+    out = marginal(*runs)
+    out["len"] = a.breakdown
+    print_breakdown(out, f"[{s.name}] breakdown, response {a.breakdown // 2} -> {a.breakdown} " +
+                    (f"(allocator peak {runs[0]['peak_gib']:.2f} -> {runs[1]['peak_gib']:.2f} GiB)" if cuda
+                     else "(CPU)"))
+    return out
 
 
 def _gib(x) -> str:
@@ -421,6 +468,7 @@ def run_child(a, scheme: str, points: list[int] | None = None, warmup_len: int =
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--scheme", scheme, "--model-path", a.model_path,
            "--shape", a.shape, "--device", a.device, "--cap-gib", str(a.cap_gib), "--prompt", str(a.prompt),
            "--tile-tokens", str(a.tile_tokens), "--chunk-size", str(a.chunk_size), "--micro", str(a.micro),
+           "--layer-tokens", str(a.layer_tokens), "--breakdown", str(a.breakdown),
            "--max-tokens", str(a.max_tokens), "--rows", str(a.rows), "--group", str(a.group),
            "--resp-range", f"{a.resp_range[0]},{a.resp_range[1]}", "--steps", str(a.steps),
            "--short-steps", str(a.short_steps), "--seed", str(a.seed), "--sp", str(a.sp), "--lora", str(a.lora),
@@ -451,6 +499,26 @@ def run_child(a, scheme: str, points: list[int] | None = None, warmup_len: int =
     if res is None:  # crashed or killed: keep the points it finished
         res = dict(scheme=scheme, mode="shaping" if a.shaping else "long", points=pts, error=f"exit {p.returncode}")
     return res
+
+
+def merge_runs(results: list[dict]) -> list[dict]:
+    """One result per (scheme, mode): runs of the same scheme at other lengths (e.g. a longest point run in a
+    call of its own) add their points; the first run's other fields win."""
+    out, by = [], {}
+    for r in results:
+        key = (r.get("scheme"), r.get("mode"))
+        if key not in by:
+            by[key] = dict(r, points=list(r.get("points", [])))
+            out.append(by[key])
+            continue
+        m = by[key]
+        have = {p["len"] for p in m["points"]}
+        m["points"] = sorted(m["points"] + [p for p in r.get("points", []) if p["len"] not in have],
+                             key=lambda p: p["len"])
+        m.setdefault("search", []).extend(r.get("search", []))
+        if r.get("breakdown") and not m.get("breakdown"):
+            m["breakdown"] = r["breakdown"]
+    return out
 
 
 def slope_kb(points: list[dict]) -> tuple[float | None, str]:
@@ -499,7 +567,7 @@ def search(a, scheme: str, res: dict) -> None:
         n, est = nxt
         res["extrapolated"] = est
         print(f"[{scheme}] search: extrapolated {est and round(est)} tokens, trying {n}", flush=True)
-        r = run_child(a, scheme, [n], a.lengths[0])
+        r = run_child(a, scheme, [n], a.warmup or a.lengths[0])
         pts = r["points"] or [dict(len=n, status="oom" if "error" not in r else "error")]
         res.setdefault("search", []).extend(pts)
         if pts[-1]["status"] not in ("ok", "oom"):
@@ -570,6 +638,14 @@ def print_tables(results: list[dict], search_max: int) -> None:
             base = base or tps
             print(f"| {r['scheme']} | {r.get('switches', '?')} | {p['micro_batches']} | {p['computed_tokens']} | "
                   f"{p['step_s']:.3f} | {tps:.0f} | {tps / base:.2f} | {_gib(p['peak_gib'])} |")
+    for r in results:
+        if r.get("breakdown"):
+            from memory_census import print_breakdown
+
+            b = r["breakdown"]
+            print_breakdown(b, f"[{r['scheme']}] breakdown, response {b['len'] // 2} -> {b['len']}" +
+                            (f" (allocator peak {b['peak_gib'][0]:.2f} -> {b['peak_gib'][1]:.2f} GiB)"
+                             if b["peak_gib"][1] is not None else " (CPU)"))
     if any(r.get("shape") == "1.5b" for r in done):
         print_targets(results)
     print_sp_ratios(results)
@@ -625,6 +701,28 @@ def print_targets(results: list[dict]) -> None:
         if best >= 262144 or short_oom:
             lines.append((f"offload_ckpt_fused_tile fits a 262144-token response (longest fitting: {best})",
                           best >= 262144))
+    for name, r in by.items():  # the tiled layers (issue 22): marginal memory, longest fit, time at 262k
+        if r.get("mode") != "long" or not any(p.startswith("layer") for p in name.split("_")):
+            continue
+        kb, span = slope_kb(r["points"])
+        fit = sorted((p["len"], p["peak_gib"]) for p in r["points"] + r.get("search", [])
+                     if p["status"] == "ok" and p.get("peak_gib") is not None)
+        if kb is not None:
+            # the lowest length may sit on the optimizer step's flat peak, which hides the activations: the
+            # check takes the larger of the widest pair's slope and the two longest lengths' slope
+            (l1, m1), (l2, m2) = fit[-2], fit[-1]
+            top = (m2 - m1) * GiB / (l2 - l1) / 1e3
+            kb = max(kb, top)
+            lines.append((f"{name} marginal {kb:.1f} KB/token (max of {span} and {l1}-{l2}: {top:.1f}) <= 35",
+                          kb <= 35))
+            n, peak = fit[-1]
+            est = n + (80 - peak) * GiB / (kb * 1e3)
+            lines.append((f"{name} longest response in 80 GiB by extrapolation: {est:,.0f} tokens (longest run: "
+                          f"{n}) >= 1,048,576", est >= 1048576))
+        base = "critic_offload_ckpt_tile" if r.get("critic") else "offload_ckpt_fused_tile"  # the scheme before
+        x, y = step(name, 262144), step(base, 262144)
+        if x and y:
+            lines.append((f"{name} / {base} step at 262144 = {x / y:.3f} <= 1.05", x / y <= 1.05))
     a, b = step("ckpt_fused", 8192), step("ckpt", 8192)
     if a and b:
         lines.append((f"ckpt_fused / ckpt step at 8k = {a / b:.3f} <= 1.03", a / b <= 1.03))
@@ -668,6 +766,12 @@ def main():
     ap.add_argument("--search-tries", type=int, default=2, help="processes the longest-fit search may start (0: off)")
     ap.add_argument("--tile-tokens", type=int, default=0, help="tokens per MLP tile of `tile` (1.5b: 8192)")
     ap.add_argument("--chunk-size", type=int, default=0, help="tokens per chunk of the fused head (1.5b: 2048)")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="response length of the untimed warm-up update (default: the first length)")
+    ap.add_argument("--layer-tokens", type=int, default=0, help="tokens per layer tile of `layer` (1.5b: 8192)")
+    ap.add_argument("--breakdown", type=int, default=0,
+                    help="after the lengths, one update at this response length under a memory census: KB per "
+                         "token by tensor class alive at the peak and at the start of backward (a table)")
     ap.add_argument("--short-steps", type=int, default=3, help="timed steps (median) at lengths <= 32768")
     ap.add_argument("--warm-each", action="store_true",
                     help="one untimed step at every length before timing it (steady-state step time: the "
@@ -699,6 +803,7 @@ def main():
     a.prompt = a.prompt or pre["prompt"]
     a.search_max = a.search_max or pre["search_max"]
     a.tile_tokens = a.tile_tokens or pre["tile"]
+    a.layer_tokens = a.layer_tokens or pre["tile"]
     a.chunk_size = a.chunk_size or pre["chunk"]
     a.rows, a.micro, a.max_tokens = a.rows or pre["rows"], a.micro or pre["micro"], a.max_tokens or pre["max_tokens"]
     a.resp_range = tuple(int(x) for x in a.resp_range.split(",")) if a.resp_range else pre["resp"]
@@ -712,7 +817,7 @@ def main():
         for f in a.table.split(","):
             with open(f) as fh:
                 results += json.load(fh)["results"]
-        print_tables(results, a.search_max)
+        print_tables(merge_runs(results), a.search_max)
         return
     if a.device == "auto":
         import torch
@@ -737,7 +842,7 @@ def main():
         with open(a.search_from) as fh:
             earlier = {r["scheme"]: r for r in json.load(fh)["results"]}
     for scheme in schemes:
-        res = earlier.get(scheme) or run_child(a, scheme, a.lengths, a.lengths[0])
+        res = earlier.get(scheme) or run_child(a, scheme, a.lengths, a.warmup or a.lengths[0])
         if not a.shaping and a.device == "cuda" and "error" not in res:
             search(a, scheme, res)
         results.append(res)

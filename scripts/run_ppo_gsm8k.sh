@@ -8,6 +8,11 @@
 #
 #   MODEL_PATH=/path/to/Qwen2.5-0.5B-Instruct N_GPUS=8 bash scripts/run_ppo_gsm8k.sh trainer.total_epochs=3
 #
+# Micro-batches here hold at most 16-32k tokens, where whole decoder layers are fastest, so layer tiling stays off;
+# for responses of 100k+ tokens append actor_rollout_ref.model (and critic.model).tile_layer_tokens=8192 and
+# activation_offload.prefetch_layers=1 (docs/offload.md, "Tiled decoder layers"). The pinned host pool is sized
+# before the first update from data.max_*_length and the token budgets (activation_offload.reserve_pool).
+#
 # Extra key=value arguments are appended (a later key wins). On a Ray cluster, submit the same command with
 # `ray job submit` (docs/ray_cluster.md).
 set -xeuo pipefail

@@ -148,6 +148,15 @@ def test_fused_head_and_tiling_knobs_checked():
     msg = err("actor_rollout_ref.model.fused_kernel_options.chunk_size=0", "critic.model.tile_mlp_tokens=-1")
     assert "actor_rollout_ref.model.fused_kernel_options.chunk_size=0 must be a positive integer" in msg
     assert "critic.model.tile_mlp_tokens=-1 must be >= 0" in msg
+    msg = err("actor_rollout_ref.model.tile_layer_tokens=-8", "critic.model.tile_layer_tokens=4096",
+              "critic.model.enable_gradient_checkpointing=False")
+    assert "actor_rollout_ref.model.tile_layer_tokens=-8 must be >= 0" in msg
+    assert "critic.model.tile_layer_tokens=4096 recomputes each decoder layer" in msg
+    assert "set critic.model.enable_gradient_checkpointing=True" in msg
+    cfg = load_config(["actor_rollout_ref.model.tile_layer_tokens=8192", "critic.model.tile_layer_tokens=8192",
+                       "actor_rollout_ref.model.activation_offload.reserve_pool=False"])
+    assert cfg.actor_rollout_ref.model.tile_layer_tokens == cfg.critic.model.tile_layer_tokens == 8192
+    assert cfg.actor_rollout_ref.model.activation_offload.reserve_pool is False
 
 
 def test_deprecated_global_micro_batch_rejected():

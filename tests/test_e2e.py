@@ -158,8 +158,9 @@ def test_ppo_with_activation_offload_on_actor_and_critic(ray_local, tmp_path):
         "critic.model.activation_offload.min_tensor_bytes=0",
         "actor_rollout_ref.model.activation_offload.keep_last_layers=0",
         "critic.model.activation_offload.keep_last_layers=0",
-        # long-response path on both roles: fused head (actor, default), tiled MLP, packed rows, token budgets
-        "actor_rollout_ref.model.tile_mlp_tokens=16", "critic.model.tile_mlp_tokens=16",
+        # long-response path on both roles: fused head (actor, default), tiled MLP (actor), tiled layers (critic,
+        # FSDP1: the layers are their own checkpoint, their inputs offloaded), packed rows, token budgets
+        "actor_rollout_ref.model.tile_mlp_tokens=16", "critic.model.tile_layer_tokens=16",
         "actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True",
         "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=48",
         "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=48"], tmp_path)

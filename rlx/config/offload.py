@@ -29,6 +29,12 @@ class ActivationOffloadConfig:
     """Upper bound on the host pool. When a copy would need more, that tensor stays on the device instead.
     None: no bound (the pool grows to one micro-batch's offloaded activations and then stops)."""
 
+    reserve_pool: bool = True
+    """With checkpointing (where each offloaded group is one layer input), size the host pool before the first
+    update for the longest micro-batch the config allows (data.max_prompt_length + data.max_response_length
+    times ppo_micro_batch_size_per_gpu, or ppo_max_token_len_per_gpu with use_dynamic_bsz), instead of growing
+    it on the first step at each longer length (~0.4 s per new GiB of pinned memory). False: grow on demand."""
+
     offload_head: bool = True
     """Also treat the final norm and the output projection (HF `get_output_embeddings()`) as groups, so their
     saved inputs (a few hidden-state copies) leave the device while the vocabulary-sized loss runs, where the
@@ -37,7 +43,9 @@ class ActivationOffloadConfig:
 
     prefetch_layers: int = 2
     """During backward, how many offloaded groups ahead of the layer being differentiated are copied back
-    (backward memory is usually far below the loss peak, so 2 costs no peak)."""
+    (backward memory is usually far below the loss peak, so 2 costs no peak). With tile_layer_tokens on long
+    sequences each group costs one hidden vector per token at the peak and a layer's backward is long enough to
+    hide a copy: use 1."""
 
     rebuild_pointwise: bool = True
     """A saved tensor that is the whole output of an elementwise `silu` or `mul` of other offloaded tensors of

@@ -137,6 +137,13 @@ class ModelConfig:
     sequence are never alive at once; in backward each tile is recomputed and differentiated on its own. Cuts
     the recompute working set of long sequences (best with activation offload + gradient checkpointing); costs
     one extra MLP forward per layer when training."""
+    tile_layer_tokens: int = 0
+    """Run the token-local parts of each decoder layer (RMSNorms with their float32 copies, q/k/v/o
+    projections, rotary, residual adds, MLP) and the final norm in tiles of this many tokens (0: off); each layer
+    saves only its input and recomputes itself in backward tile by tile, so only attention's q/k/v, output and
+    log-sum-exp are ever whole (rlx.ops.tiled_layer). It is a tiled form of checkpointing: needs
+    enable_gradient_checkpointing=True. Halves the update's memory per token of long sequences; off by default
+    (below ~32k tokens a whole layer is faster). Exact: same outputs and input gradients as untiled."""
     use_shm: bool = False
     """verl key (not supported yet)."""
     lora_rank: int = 0
@@ -416,6 +423,9 @@ class CriticModelConfig:
     """Run the critic's forward passes on the valid tokens only, packed (see actor_rollout_ref.model)."""
     tile_mlp_tokens: int = 0
     """Run each decoder layer's MLP in tiles of this many tokens (0: off); see actor_rollout_ref.model."""
+    tile_layer_tokens: int = 0
+    """Run the token-local parts of each decoder layer in tiles of this many tokens (0: off; needs
+    enable_gradient_checkpointing=True); see actor_rollout_ref.model."""
     use_shm: bool = False
     """verl key (not supported yet)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)

@@ -92,6 +92,11 @@ def _check_sequence_parallel(cfg, errors):
             errors.append(f"{key}={sp} must divide the world size {ws} (trainer.nnodes * trainer.n_gpus_per_node): "
                           f"the ranks split into data-parallel groups of {sp}. Fix: {key} among the divisors of "
                           f"{ws}, or change trainer.n_gpus_per_node.")
+        if getattr(model, "tile_layer_tokens", 0):
+            errors.append(f"{key}={sp} with {prefix}.tile_layer_tokens={model.tile_layer_tokens}: the tiled decoder "
+                          f"layer runs its attention backward per KV-head group, which the all-to-all around "
+                          f"attention does not support yet. Fix: {prefix}.tile_layer_tokens=0 (tile_mlp_tokens "
+                          f"composes with sequence parallelism), or {key}=1.")
         if not model.use_remove_padding:
             errors.append(f"{key}={sp} shards the packed (remove-padding) sequence and needs "
                           f"{prefix}.use_remove_padding=True (as in verl). Fix: {prefix}.use_remove_padding=True, "
@@ -235,6 +240,13 @@ def _check_long_sequences(cfg, errors):
         elif tile and _get(cfg, f"{prefix}.activation_offload.recompute_mlp"):
             errors.append(f"{prefix}.tile_mlp_tokens={tile} and {prefix}.activation_offload.recompute_mlp=True both "
                           f"replace the MLP's forward; choose one (tiling also recomputes the MLP in backward).")
+        layer = _get(cfg, f"{prefix}.tile_layer_tokens")
+        if layer < 0:
+            errors.append(f"{prefix}.tile_layer_tokens={layer} must be >= 0 (0 turns layer tiling off).")
+        elif layer and not _get(cfg, f"{prefix}.enable_gradient_checkpointing"):
+            errors.append(f"{prefix}.tile_layer_tokens={layer} recomputes each decoder layer in backward (a tiled "
+                          f"form of checkpointing); set {prefix}.enable_gradient_checkpointing=True, or "
+                          f"{prefix}.tile_layer_tokens=0.")
 
 
 def model_module_names(model_path: str, trust_remote_code: bool = False) -> list[tuple[str, str]] | None:

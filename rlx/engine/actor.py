@@ -22,13 +22,14 @@ class ActorEngine(FSDPEngine):
 
     def __init__(self, *, role: str, model_cfg: ModelConfig, actor_cfg: ActorConfig, fsdp_cfg: FSDPConfig,
                  strategy: str, device: torch.device, world_size: int, rollout_n: int, temperature: float,
-                 total_steps: int = 1, sp_size: int = 1):
+                 total_steps: int = 1, sp_size: int = 1, max_micro_batch_tokens: Optional[int] = None):
         self.actor_cfg, self.world_size, self.rollout_n, self.temperature = actor_cfg, world_size, rollout_n, temperature
         self.fused = model_cfg.use_fused_kernels
         super().__init__(role=role, model_cfg=model_cfg, strategy=strategy, fsdp_cfg=fsdp_cfg, device=device,
                          optim_cfg=actor_cfg.optim if role == "actor" else None, total_steps=total_steps,
                          head_chunk_size=model_cfg.fused_kernel_options.chunk_size if self.fused else None,
-                         sp_size=sp_size, sp_key=f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size")
+                         sp_size=sp_size, sp_key=f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
+                         max_micro_batch_tokens=max_micro_batch_tokens)
 
     def _log_probs(self, mb: Batch, with_entropy: bool):
         return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy)

@@ -30,7 +30,7 @@ class FSDPEngine:
     def __init__(self, *, role: str, model_cfg: ModelConfig | CriticModelConfig, strategy: str, fsdp_cfg: FSDPConfig,
                  device: torch.device, optim_cfg: OptimConfig | None = None, total_steps: int = 1,
                  dtype: str | None = None, head_chunk_size: Optional[int] = None, sp_size: int = 1,
-                 sp_key: str = "ulysses_sequence_parallel_size"):
+                 sp_key: str = "ulysses_sequence_parallel_size", max_micro_batch_tokens: Optional[int] = None):
         self.role, self.device, self.fsdp_cfg = role, device, fsdp_cfg
         self.remove_padding = model_cfg.use_remove_padding
         dtype = dtype or fsdp_cfg.model_dtype
@@ -68,15 +68,22 @@ class FSDPEngine:
             ulysses.apply_ulysses(model, self.sp_group)
         # the head only where a response token is scored; chunked (never [tokens, vocab]) with head_chunk_size
         apply_token_head(model, role, head_chunk_size)
+        from rlx.offload import find_decoder_layers
+
         if model_cfg.tile_mlp_tokens > 0:
-            from rlx.offload import find_decoder_layers
             from rlx.ops.tiled_mlp import apply_tiled_mlp
 
             apply_tiled_mlp(find_decoder_layers(model), model_cfg.tile_mlp_tokens)
+        tiled = []  # decoder layers that recompute themselves in backward (their own checkpoint)
+        if model_cfg.tile_layer_tokens > 0:
+            from rlx.ops.tiled_layer import apply_tiled_layers
+
+            tiled = apply_tiled_layers(find_decoder_layers(model), model_cfg.tile_layer_tokens,
+                                       final_norm=getattr(model.base_model, "norm", None)).layers
         trains = optim_cfg is not None
         offload = trains and model_cfg.enable_activation_offload
         ckpt = trains and model_cfg.enable_gradient_checkpointing
-        if ckpt and not offload:
+        if ckpt and not offload and not tiled:
             F.apply_gradient_checkpointing(model)
         with warnings.catch_warnings():
             if self.lora is not None and strategy == "fsdp":  # said once here instead of once per layer
@@ -90,7 +97,13 @@ class FSDPEngine:
             from rlx.offload import apply_activation_offload
 
             self.offloader = apply_activation_offload(self.module, model_cfg.activation_offload,
-                                                      enable_gradient_checkpointing=ckpt)
+                                                      enable_gradient_checkpointing=ckpt, recomputed=tiled)
+            if max_micro_batch_tokens:  # the pool's size up front: no growth on the first long step
+                mp_dtype = fsdp_cfg.mixed_precision.get("param_dtype")
+                reserved = self.offloader.reserve_pool(max_micro_batch_tokens, model.config.hidden_size,
+                                                       F.DTYPES[mp_dtype] if mp_dtype else F.DTYPES[dtype])
+                log.info("[%s] host pool reserved for %d tokens per micro-batch: %.2f GiB", role,
+                         max_micro_batch_tokens, reserved / 2**30)
             log.info("[%s] %s", role, self.offloader.describe())
         self.optimizer = self.lr_scheduler = None
         if trains:
@@ -287,6 +300,15 @@ class UpdateSpec:
     """Max gradient norm."""
     loss_agg_mode: str
     """How the loss is averaged (tokens or sequences): sets the micro-batches' weights."""
+
+
+def micro_batch_tokens(prompt_length: int, response_length: int, micro_size: Optional[int],
+                       max_tokens: Optional[int]) -> int:
+    """The most tokens one training micro-batch can hold under the config: the dynamic-batch token budget, or
+    micro-batch rows x (data.max_prompt_length + data.max_response_length)."""
+    if max_tokens:
+        return int(max_tokens)
+    return int(micro_size or 1) * (int(prompt_length) + int(response_length))
 
 
 def split_minis(batch: Batch, mini_size: int, epochs: int, shuffle: bool, seed: int):

@@ -1,6 +1,8 @@
 """Value engine: per-token values and the clipped value-loss update. Plain Python, no Ray."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from rlx.algos import core_algos
@@ -10,12 +12,13 @@ from rlx.engine.base import FSDPEngine, UpdateSpec
 
 
 class CriticEngine(FSDPEngine):
-    def __init__(self, *, critic_cfg: CriticConfig, device: torch.device, world_size: int, total_steps: int = 1):
+    def __init__(self, *, critic_cfg: CriticConfig, device: torch.device, world_size: int, total_steps: int = 1,
+                 max_micro_batch_tokens: Optional[int] = None):
         self.critic_cfg, self.world_size = critic_cfg, world_size
         super().__init__(role="critic", model_cfg=critic_cfg.model, strategy=critic_cfg.strategy,
                          fsdp_cfg=critic_cfg.model.fsdp_config, device=device, optim_cfg=critic_cfg.optim,
                          total_steps=total_steps, sp_size=critic_cfg.ulysses_sequence_parallel_size,
-                         sp_key="critic.ulysses_sequence_parallel_size")
+                         sp_key="critic.ulysses_sequence_parallel_size", max_micro_batch_tokens=max_micro_batch_tokens)
 
     def _values(self, mb: Batch) -> torch.Tensor:
         return self.forward_tokens(mb)

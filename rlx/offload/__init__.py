@@ -8,7 +8,7 @@ Imports only torch (no ray/hydra/vllm), so benchmarks and GPU tests can use it u
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -111,11 +111,14 @@ def _device_of(module: nn.Module) -> torch.device:
 
 
 def apply_activation_offload(module: nn.Module, cfg: Optional[ActivationOffloadConfig] = None,
-                             enable_gradient_checkpointing: bool = False) -> ActivationOffloader:
+                             enable_gradient_checkpointing: bool = False,
+                             recomputed: Sequence[nn.Module] = ()) -> ActivationOffloader:
     """Patch the decoder layers of `module` (HF model, plain or FSDP1/FSDP2 wrapped) for activation offload.
 
     Call once, after FSDP wrapping. With `enable_gradient_checkpointing`, each layer is checkpointed by the
     offloader (non-reentrant) so only its inputs are saved and offloaded; do not enable HF checkpointing too.
+    `recomputed`: decoder layers that already save only their inputs and recompute themselves in backward
+    (`rlx.ops.apply_tiled_layers`): never checkpointed again, their saved inputs are offloaded the same way.
     Outside `activate()` (or without grad) the layers run unchanged.
     """
     cfg = cfg or ActivationOffloadConfig()
@@ -130,5 +133,7 @@ def apply_activation_offload(module: nn.Module, cfg: Optional[ActivationOffloadC
     names = _layer_class_names(module)
     cls = next((c.__name__ for c in type(layers[0]).__mro__ if c.__name__ in names), type(layers[0]).__name__)
     head = _head_modules(module, layers)  # offloaded as groups with offload_head; else only hooked
+    own = {id(m) for m in recomputed}
     return ActivationOffloader(layers, _owners(module, layers), cfg, bool(enable_gradient_checkpointing),
-                               _device_of(module), cls, head, _owners(module, head), root=module)
+                               _device_of(module), cls, head, _owners(module, head), root=module,
+                               recomputed=[id(layer) in own for layer in layers])

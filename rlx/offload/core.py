@@ -71,7 +71,8 @@ class ActivationOffloader:
 
     def __init__(self, layers: List[nn.Module], owners: List[List[nn.Module]], cfg: ActivationOffloadConfig,
                  checkpointing: bool, device: torch.device, layer_class: str, head: List[nn.Module] = (),
-                 head_owners: List[List[nn.Module]] = (), root: Optional[nn.Module] = None):
+                 head_owners: List[List[nn.Module]] = (), root: Optional[nn.Module] = None,
+                 recomputed: Optional[List[bool]] = None):
         self.cfg = cfg
         self.layers = list(layers)  # decoder layers
         head = list(head)
@@ -87,7 +88,10 @@ class ActivationOffloader:
         self.keep_last_layers = keep_last
         # per wrapped module: offload its group? checkpoint it? (never the output projection: too costly)
         self._offload = [i < n - max(keep_last, 0) or i >= n for i in range(len(modules))]
-        ckpt = [checkpointing and (i < n or not isinstance(m, nn.Linear)) for i, m in enumerate(modules)]
+        # a layer that recomputes itself (a tiled layer) saves only its input already: not checkpointed again
+        again = list(recomputed or [False] * n) + [False] * len(self.head)
+        ckpt = [checkpointing and (i < n or not isinstance(m, nn.Linear)) and not again[i]
+                for i, m in enumerate(modules)]
         self._n_modules = len(modules)
         self.checkpointing = checkpointing
         self.device = device
@@ -131,6 +135,16 @@ class ActivationOffloader:
         finally:
             self.active = False
             self._micro_batch_ended()
+
+    def reserve_pool(self, tokens: int, hidden_size: int, dtype: torch.dtype) -> int:
+        """Size the host pool now for a micro-batch of `tokens` tokens (cfg.reserve_pool, with checkpointing:
+        each offloaded group then holds one `[tokens, hidden_size]` input of `dtype`); returns the bytes reserved
+        (0 when off, without checkpointing, or when the pool is already that large)."""
+        if not (self.cfg.reserve_pool and self.checkpointing) or tokens <= 0:
+            return 0
+        groups = sum(self._offload)  # offloaded decoder layers and head modules
+        piece = tokens * hidden_size * torch.empty((), dtype=dtype).element_size()  # one group's input
+        return self.pool.reserve(groups * piece, piece)
 
     def describe(self) -> str:
         s = self.stats()

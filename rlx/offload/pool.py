@@ -12,6 +12,7 @@ import torch
 
 _ALIGN = 512
 _MiB = 1 << 20
+_GiB = 1 << 30
 
 
 def _round_up(n: int, m: int) -> int:
@@ -59,6 +60,24 @@ class HostPool:
         self._ci, self._off = len(self.chunks) - 1, n
         self._account(n)
         return chunk[:nbytes]
+
+    def reserve(self, nbytes: int, piece: int = 0) -> int:
+        """Grow the pool now to at least `nbytes` (under `max_bytes`), so that the micro-batch that needs them
+        does no host allocation. Every request must fit in one chunk, so with `piece` (the bytes of the requests
+        to come, e.g. one layer input) the chunks hold whole pieces, about 1 GiB each (one page-locking call per
+        chunk; a failure leaves what was pinned before). Returns the bytes added."""
+        want = _round_up(int(nbytes), 2 * _MiB) - self.capacity
+        if self.max_bytes is not None:
+            want = min(want, self.max_bytes - self.capacity)
+        piece = _round_up(max(int(piece), 1), _ALIGN)
+        chunk = piece * max(1, max(_GiB, self.chunk_bytes) // piece)
+        added = 0
+        while want - added > 0:
+            size = min(chunk, want - added)
+            self.chunks.append(torch.empty(size, dtype=torch.uint8, pin_memory=self.pin_memory))
+            self.n_chunk_allocs += 1
+            added += size
+        return added
 
     def _account(self, n: int) -> None:
         self.used += n

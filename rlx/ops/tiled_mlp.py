@@ -28,6 +28,7 @@ Xeon with the same MKL no tile size did), and differ by float32 rounding (~1e-6 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -36,6 +37,34 @@ from torch import nn
 __all__ = ["TiledMLPHandle", "apply_tiled_mlp"]
 
 _Slot = Tuple[nn.Module, str]  # (submodule, attribute name) of one parameter
+
+# Input gradients handed down to a tiled decoder layer that nothing else can see: that layer's backward may
+# write its own input gradient into the same storage (one whole-sequence buffer less; rlx.ops.tiled_layer).
+_EXCLUSIVE: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()  # id -> tensor
+
+
+def is_exclusive(t: torch.Tensor) -> bool:
+    return _EXCLUSIVE.get(id(t)) is t
+
+
+def hand_down(ctx, grad_x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """`grad_x`, the gradient a tiled function returns for its first tensor input, marked as exclusive when it
+    can only reach a tiled decoder layer's backward: the nodes between (FSDP's pre-forward identity, views)
+    each have one edge, so the same tensor cannot be handed to anyone else."""
+    if grad_x is None:
+        return grad_x
+    node = ctx.next_functions[0][0]
+    for _ in range(4):
+        if node is None:
+            return grad_x
+        if node.name() == "_TiledLayerBackward":
+            _EXCLUSIVE[id(grad_x)] = grad_x
+            return grad_x
+        nxt = [n for n, _ in node.next_functions if n is not None]
+        if len(nxt) != 1:
+            return grad_x
+        node = nxt[0]
+    return grad_x
 
 
 class TiledMLPHandle:
@@ -69,6 +98,21 @@ def apply_tiled_mlp(layers: List[nn.Module], tile_tokens: int) -> TiledMLPHandle
         handle._patched.append((mlp, "forward" in mlp.__dict__, mlp.__dict__.get("forward")))
         mlp.forward = _tiled_forward(mlp, mlp.forward, tile_tokens)
     return handle
+
+
+def tile_tokenwise(module: nn.Module, tile_tokens: int) -> Callable[[], None]:
+    """Run any token-wise module (`[..., H]` -> `[..., H']`, each token on its own: an MLP, an RMSNorm) in
+    tiles of `tile_tokens` tokens as the MLPs above; returns the function that undoes it."""
+    had, orig = "forward" in module.__dict__, module.__dict__.get("forward")
+    module.forward = _tiled_forward(module, module.forward, tile_tokens)
+
+    def undo():
+        if had:
+            module.forward = orig
+        else:
+            del module.forward
+
+    return undo
 
 
 def _tiled_forward(mlp: nn.Module, orig: Callable, tile: int) -> Callable:
@@ -186,7 +230,7 @@ class _TiledMLP(torch.autograd.Function):
                         sums[i].add_(g)
         it = iter(sums)
         p_grads = [_cast(next(it), p.dtype) if need else None for p, need in zip(params, need_p)]
-        return (None, None, None, None if grad_x is None else grad_x.reshape(x.shape), *p_grads)
+        return (None, None, None, hand_down(ctx, None if grad_x is None else grad_x.reshape(x.shape)), *p_grads)
 
 
 def _cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
