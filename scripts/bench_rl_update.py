@@ -393,7 +393,7 @@ def breakdown(a, s: Scheme, step, vocab: int, cuda: bool, dev) -> dict | None:
     for n in (a.breakdown // 2, a.breakdown):
         batch = make_batch([a.prompt], [n], vocab, a.seed)
         try:
-            census = MemoryCensus()
+            census = MemoryCensus(a.device)  # device memory only: the pinned host pool is not counted
             with census:
                 dt, peak, _ = step(batch)
         except Exception as e:  # noqa: BLE001  (the measured points above are kept either way)

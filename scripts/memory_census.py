@@ -44,8 +44,9 @@ def _where() -> str:
 
 
 class MemoryCensus(TorchDispatchMode):
-    def __init__(self):
+    def __init__(self, device_type: str | None = None):
         super().__init__()
+        self.device_type = device_type  # count only tensors on this device type (the pinned host pool is not GPU memory)
         self.live: dict[int, tuple[str, int]] = {}  # storage data_ptr -> (class, bytes)
         self.by_class: dict[str, int] = defaultdict(int)
         self.total = 0
@@ -83,6 +84,8 @@ class MemoryCensus(TorchDispatchMode):
 
     def _record(self, t: torch.Tensor, func, node) -> None:
         if type(t) is not torch.Tensor or t.layout != torch.strided:
+            return
+        if self.device_type is not None and t.device.type != self.device_type:
             return
         try:
             st = t.untyped_storage()

@@ -234,7 +234,7 @@ def test_lora_config_errors():
 
 
 # ---------------------------------------------------------------- end to end
-LORA_JOB = ["--config-name", "quickstart_lora"]  # the quickstart job with rank 16, alpha 32, lr 3e-2
+LORA_JOB = ["--config-name", "quickstart_lora"]  # the quickstart job with rank 32, alpha 64, lr 0.1
 
 
 def test_grpo_lora_default_job_learns(tmp_path):
