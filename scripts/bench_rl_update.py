@@ -432,25 +432,13 @@ def model_dir(a) -> str:
                                        f"rlx-bench-qwen2-{a.shape}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}")
     if os.path.exists(os.path.join(path, ".complete")):
         return path
-    import torch
     import transformers
+
+    from rlx.models.random_weights import random_model
 
     t = time.perf_counter()
     cfg = transformers.AutoConfig.for_model(**dims, initializer_range=0.02, dtype="bfloat16")
-    with torch.device("meta"):  # no init pass: each parameter is drawn once below
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.to_empty(device="cpu")
-    if cfg.tie_word_embeddings:  # to_empty gave the tied head its own storage
-        model.get_output_embeddings().weight = model.get_input_embeddings().weight
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # shared (tied) parameters come once
-            if "norm" in name:
-                p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
-                p.normal_(0.0, 0.02, generator=g)
+    model = random_model(cfg)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".rlx-bench-")
     model.save_pretrained(tmp)
     open(os.path.join(tmp, ".complete"), "w").close()

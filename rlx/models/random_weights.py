@@ -32,7 +32,6 @@ def random_model_dir(shape: str, path: str | None = None) -> str:
     path = path or str(cache_dir() / "models" / f"random-{shape}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}")
     if os.path.exists(os.path.join(path, ".complete")):
         return path
-    import torch
     import transformers
 
     from rlx.models import build_byte_tokenizer
@@ -42,7 +41,28 @@ def random_model_dir(shape: str, path: str | None = None) -> str:
     cfg = transformers.AutoConfig.for_model(dims.pop("model_type"), **dims, initializer_range=0.02,
                                             pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                                             eos_token_id=tokenizer.eos_token_id, dtype="bfloat16")
-    with torch.device("meta"):  # no init pass: each parameter is drawn once below
+    model = random_model(cfg)
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".rlx-random-")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    open(os.path.join(tmp, ".complete"), "w").close()
+    if os.path.exists(path):  # an incomplete leftover
+        import shutil
+        shutil.rmtree(path)
+    os.rename(tmp, path)
+    return path
+
+
+
+def random_model(cfg):
+    """The HF causal LM of `cfg` in bf16 with seeded random weights (normal(0, 0.02), norms 1, biases 0), built on
+    the meta device and drawn once per parameter (no init pass): what the random-weight model directories hold."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.to_empty(device="cpu")
     if cfg.tie_word_embeddings:  # to_empty gave the tied head its own storage
@@ -56,17 +76,7 @@ def random_model_dir(shape: str, path: str | None = None) -> str:
                 p.zero_()
             else:
                 p.normal_(0.0, 0.02, generator=g)
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=".rlx-random-")
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    open(os.path.join(tmp, ".complete"), "w").close()
-    if os.path.exists(path):  # an incomplete leftover
-        import shutil
-        shutil.rmtree(path)
-    os.rename(tmp, path)
-    return path
+    return model
 
 
 if __name__ == "__main__":
