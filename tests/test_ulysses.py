@@ -213,7 +213,7 @@ SP_OK = ["trainer.device=cpu", "trainer.n_gpus_per_node=4", "data.train_batch_si
 
 
 def _errors(over) -> str:
-    from rlx.config import load_config
+    from conftest import load_config  # the quickstart config
 
     with pytest.raises(ValueError) as e:
         load_config(SP_OK + list(over))
@@ -221,7 +221,7 @@ def _errors(over) -> str:
 
 
 def test_sp_config_accepted():
-    from rlx.config import load_config
+    from conftest import load_config  # the quickstart config
 
     cfg = load_config(SP_OK + [f"{A}=2", f"{R}=4", f"{C}=2"])
     assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
@@ -254,7 +254,7 @@ def test_sp_must_divide_attention_heads_and_fit_kv_heads():
 
 
 def test_sp_mini_batch_splits_over_data_parallel_groups():
-    from rlx.config import load_config
+    from conftest import load_config  # the quickstart config
 
     # 4 ranks, sp=2: 2 groups; 3 prompts x n=2 = 6 sequences split over 2 groups, not over 4 ranks
     ok = ["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "critic.ppo_mini_batch_size=3",
