@@ -239,6 +239,7 @@ def _fsdp_worker(rank: int, world: int, port: int, strategy: str):
         assert ockd[3][-1]["n_groups"] == 6, ockd[3][-1]
         # with checkpointing only layer inputs are saved: far fewer bytes than offloading everything
         assert 0 < ock[3][-1]["offloaded_bytes_last_step"] < st["offloaded_bytes_last_step"] / 4
+        torch.distributed.barrier()  # both ranks done before rank 0's store goes (gloo aborted a peer once)
     finally:
         torch.distributed.destroy_process_group()
 
@@ -270,6 +271,7 @@ def _fsdp_cases_worker(rank: int, world: int, port: int, strategy: str):
         st = got[3][-1]
         assert st["offloaded_bytes_last_step"] > 0 and st["kept_bytes_last_step"] > 0, st
         assert 0 < st["pool_bytes"] <= 1 << 20, st
+        torch.distributed.barrier()  # both ranks done before rank 0's store goes (gloo aborted a peer once)
     finally:
         torch.distributed.destroy_process_group()
 
