@@ -45,7 +45,8 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .tiled_mlp import _cast, _grad_params, _swapped, _windows, hand_down, is_exclusive, tile_tokenwise
+from .tiled_mlp import _Sums, _cast, _grad_params, _padded, _swapped, _windows, hand_down, is_exclusive, \
+    tile_tokenwise
 
 __all__ = ["TiledLayerHandle", "apply_tiled_layers"]
 
@@ -211,29 +212,6 @@ def _forward(plan: _LayerPlan, x, cos, sin, mask, akw):
     for start, keep, end in _tiles(plan, flat.shape[0]):
         y[keep:end] = plan.post(flat[start:end], o[start:end])[keep - start:]
     return y.view(b, s, hid)
-
-
-class _Sums:
-    """Float32 (or wider) sums of the parameter gradients over tiles; the first tile's becomes the sum."""
-
-    def __init__(self, n: int):
-        self.sums: List[Optional[torch.Tensor]] = [None] * n
-
-    def add(self, grads) -> None:
-        for i, g in enumerate(grads):
-            if g is None:
-                continue
-            if self.sums[i] is None:
-                self.sums[i] = g if g.dtype in (torch.float32, torch.float64) else g.float()
-            else:
-                self.sums[i].add_(g)
-
-
-def _padded(full: torch.Tensor, start: int, keep: int, end: int) -> torch.Tensor:
-    """The gradient rows of window [start, end): the tile's own rows [keep, end) of `full`, zeros before."""
-    if keep == start:
-        return full[start:end]
-    return torch.cat([full.new_zeros((keep - start, *full.shape[1:])), full[keep:end]])
 
 
 class _TiledLayer(torch.autograd.Function):

@@ -209,28 +209,45 @@ class _TiledMLP(torch.autograd.Function):
         grad_x = torch.empty_like(flat) if need_x else None
         leaves = [p.detach().requires_grad_(need) for p, need in zip(params, need_p)]
         wanted = [p for p, need in zip(leaves, need_p) if need]
-        sums: List[Optional[torch.Tensor]] = [None] * len(wanted)  # float32 (or the params' wider) sums
+        sums = _Sums(len(wanted))
         with torch.enable_grad(), _swapped(ctx.slots, leaves):
             for start, keep, end in _windows(flat.shape[0], ctx.tile):
                 x_t = flat[start:end].detach().requires_grad_(need_x)
-                g_t = g_flat[start:end]
-                if keep > start:  # rows of the previous tile: computed again, but they contribute nothing
-                    g_t = torch.cat([g_t.new_zeros((keep - start, g_t.shape[1])), g_flat[keep:end]])
+                # rows of the previous tile are computed again, but they contribute nothing
                 y_t = ctx.fn(x_t)
-                grads = torch.autograd.grad(y_t, ([x_t] if need_x else []) + wanted, g_t, allow_unused=True)
+                grads = torch.autograd.grad(y_t, ([x_t] if need_x else []) + wanted,
+                                            _padded(g_flat, start, keep, end), allow_unused=True)
                 if need_x:
                     grad_x[keep:end] = 0 if grads[0] is None else grads[0][keep - start:]
                     grads = grads[1:]
-                for i, g in enumerate(grads):
-                    if g is None:
-                        continue
-                    if sums[i] is None:  # the first tile's gradient becomes the sum (no zero-fill, no extra add)
-                        sums[i] = g if g.dtype in (torch.float32, torch.float64) else g.float()
-                    else:
-                        sums[i].add_(g)
-        it = iter(sums)
+                sums.add(grads)
+        it = iter(sums.sums)
         p_grads = [_cast(next(it), p.dtype) if need else None for p, need in zip(params, need_p)]
         return (None, None, None, hand_down(ctx, None if grad_x is None else grad_x.reshape(x.shape)), *p_grads)
+
+
+class _Sums:
+    """Float32 (or wider) sums of the parameter gradients over tiles; the first tile's becomes the sum (no
+    zero-fill, no extra add)."""
+
+    def __init__(self, n: int):
+        self.sums: List[Optional[torch.Tensor]] = [None] * n
+
+    def add(self, grads) -> None:
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            if self.sums[i] is None:
+                self.sums[i] = g if g.dtype in (torch.float32, torch.float64) else g.float()
+            else:
+                self.sums[i].add_(g)
+
+
+def _padded(full: torch.Tensor, start: int, keep: int, end: int) -> torch.Tensor:
+    """The gradient rows of window [start, end): the tile's own rows [keep, end) of `full`, zeros before."""
+    if keep == start:
+        return full[start:end]
+    return torch.cat([full.new_zeros((keep - start, *full.shape[1:])), full[keep:end]])
 
 
 def _cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
