@@ -29,6 +29,8 @@ Schemes are names made of parts joined by "_" (any order; a part that is absent 
     dyn[N]     actor.use_dynamic_bsz=True, ppo_max_token_len_per_gpu=N (default --max-tokens)
     mb[N]      ppo_micro_batch_size_per_gpu=N (default 1 for long responses, --micro for --shaping)
     pf[N]      model.activation_offload.prefetch_layers=N (default: the config's, 2)
+    growpool   model.activation_offload.reserve_pool=False: the pinned host pool grows on the first update at
+               each new length instead of being sized up front (what the first step at a longer length costs)
     critic     CriticEngine.update_critic (value head; `fused` does not apply) instead of the actor
     sp[N]      ulysses_sequence_parallel_size=N (default --sp): N processes (torchrun, one GPU each) share the
                batch, each holding 1/N of the packed sequence; implies rmpad. Peaks are per GPU (max over ranks)
@@ -131,6 +133,7 @@ class Scheme:
     micro: int = 0
     sp: int = 1
     prefetch: int = -1
+    reserve: bool = True
 
 
 def parse_scheme(name: str, a) -> Scheme:
@@ -140,6 +143,8 @@ def parse_scheme(name: str, a) -> Scheme:
             setattr(s, p, True)
         elif p == "plain":
             pass
+        elif p == "growpool":
+            s.reserve = False
         elif p.startswith("tile") and (p[4:].isdigit() or p == "tile"):
             s.tile = int(p[4:] or a.tile_tokens)
         elif p.startswith("layer") and (p[5:].isdigit() or p == "layer"):
@@ -155,7 +160,7 @@ def parse_scheme(name: str, a) -> Scheme:
             s.prefetch = int(p[2:])
         else:
             raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] layer[N] rmpad "
-                             f"dyn[N] pf[N] mb[N] sp[N] critic plain)")
+                             f"dyn[N] pf[N] mb[N] sp[N] growpool critic plain)")
     if s.critic and s.fused:
         raise ValueError(f"scheme {name!r}: the critic has a value head; `fused` (the chunked log-prob head) "
                          f"does not apply")
@@ -193,6 +198,8 @@ def overrides(s: Scheme, a, model_path: str, rows: int) -> tuple[list[str], list
         fixed.append(f"{fsdp}.model_dtype={'bf16' if a.device == 'cuda' else 'fp32'}")
     if s.prefetch >= 0:
         own[f"{model}.activation_offload.prefetch_layers"] = s.prefetch
+    if not s.reserve:
+        own[f"{model}.activation_offload.reserve_pool"] = False
     ov = [f"trainer.device={a.device}", f"{model}.path={model_path}"] + [f"{k}={v}" for k, v in own.items()] + \
         [f"{role}.ppo_mini_batch_size={rows}", f"{role}.ppo_epochs=1", f"{role}.optim.lr=1e-6"] + fixed + \
         [f"{fsdp}.mixed_precision.{k}={v}" for k, v in precision(a).items()]

@@ -102,8 +102,9 @@ class FSDPEngine:
                 mp_dtype = fsdp_cfg.mixed_precision.get("param_dtype")
                 reserved = self.offloader.reserve_pool(max_micro_batch_tokens, model.config.hidden_size,
                                                        F.DTYPES[mp_dtype] if mp_dtype else F.DTYPES[dtype])
-                log.info("[%s] host pool reserved for %d tokens per micro-batch: %.2f GiB", role,
-                         max_micro_batch_tokens, reserved / 2**30)
+                if reserved:
+                    log.info("[%s] host pool reserved for %d tokens per micro-batch: %.2f GiB", role,
+                             max_micro_batch_tokens, reserved / 2**30)
             log.info("[%s] %s", role, self.offloader.describe())
         self.optimizer = self.lr_scheduler = None
         if trains:
