@@ -1,4 +1,5 @@
 import os
+import socket
 
 import pytest
 
@@ -17,6 +18,53 @@ def load_config(overrides=None, config_dir=None, config_name: str = QUICKSTART, 
     from rlx.config import load_config as load
 
     return load(overrides, config_dir, config_name, validate)
+
+
+def fit_job(overrides, tmp_path, config_name: str = QUICKSTART):
+    """Build `config_name` with `overrides` (checkpoints and logs under tmp_path), start its Ray worker groups, run
+    `fit()`, shut down: (the per-step metrics, the parameter checksum before, after)."""
+    from rlx.trainer.main_ppo import choose_rollout
+    from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+    cfg = load_config(list(overrides) + [f"trainer.default_local_dir={tmp_path}"], config_name=config_name)
+    trainer = RayPPOTrainer(cfg, choose_rollout(cfg))
+    trainer.init_workers()
+    before = trainer.param_checksum()
+    history = trainer.fit()
+    after = trainer.param_checksum()
+    trainer.shutdown()
+    return history, before, after
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for a gloo/NCCL rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_per_strategy(rank: int, world: int, port: int, root: str, check) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world)
+    try:
+        for strategy in ("fsdp", "fsdp2"):
+            try:
+                check(rank, strategy, os.path.join(root, strategy))
+            except Exception as e:
+                raise AssertionError(f"[strategy={strategy} rank={rank}] {type(e).__name__}: {e}") from e
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def spawn_per_strategy(check, root: str, world: int = 2) -> None:
+    """`check(rank, strategy, root/strategy)` for FSDP1 then FSDP2 in the same `world` CPU processes over gloo
+    (spawning and importing transformers dominate on CPU); a failure names the strategy and the rank."""
+    import torch
+
+    torch.multiprocessing.spawn(_gloo_per_strategy, args=(world, free_port(), root, check), nprocs=world, join=True)
 
 
 def pytest_collection_modifyitems(config, items):

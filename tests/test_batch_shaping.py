@@ -9,27 +9,26 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 
 from rlx.protocol import Batch
 from rlx.engine.packing import balanced_partition, micro_batches, restore_order, token_inputs
+from conftest import free_port as _free_port
 
 MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 
-def make_batch(rows=8, prompt=6, resp=9, seed=0) -> Batch:
-    """Left-padded prompts and right-padded responses of random lengths, with PPO/critic fields."""
-    g = torch.Generator().manual_seed(seed)
-    plen = torch.randint(2, prompt + 1, (rows,), generator=g)
-    rlen = torch.randint(1, resp + 1, (rows,), generator=g)
-    rlen[0] = resp  # one full-length response
+def lengths_batch(prompt_lens, resp_lens, prompt=6, resp=9, seed=0, g: torch.Generator | None = None) -> Batch:
+    """Rows with the given prompt and response lengths (left-padded prompts, right-padded responses) and PPO/critic
+    fields drawn from `g` (else a generator seeded with `seed`)."""
+    g = g if g is not None else torch.Generator().manual_seed(seed)
+    rows = len(prompt_lens)
     pm, rm = torch.zeros(rows, prompt, dtype=torch.long), torch.zeros(rows, resp, dtype=torch.long)
-    for i in range(rows):
-        pm[i, prompt - plen[i]:] = 1
-        rm[i, :rlen[i]] = 1
+    for i, (p, r) in enumerate(zip(prompt_lens, resp_lens)):
+        pm[i, prompt - p:] = 1
+        rm[i, :r] = 1
     am = torch.cat([pm, rm], 1)
     ids = torch.randint(3, 255, (rows, prompt + resp), generator=g) * am
     return Batch({"input_ids": ids, "attention_mask": am, "position_ids": (am.cumsum(1) - 1).clamp(min=0),
@@ -39,6 +38,15 @@ def make_batch(rows=8, prompt=6, resp=9, seed=0) -> Batch:
                   "ref_log_prob": -5.5 + 0.1 * torch.randn(rows, resp, generator=g),
                   "values": 0.1 * torch.randn(rows, resp, generator=g),
                   "returns": torch.randn(rows, resp, generator=g)})
+
+
+def make_batch(rows=8, prompt=6, resp=9, seed=0) -> Batch:
+    """Left-padded prompts and right-padded responses of random lengths, with PPO/critic fields."""
+    g = torch.Generator().manual_seed(seed)
+    plen = torch.randint(2, prompt + 1, (rows,), generator=g)
+    rlen = torch.randint(1, resp + 1, (rows,), generator=g)
+    rlen[0] = resp  # one full-length response
+    return lengths_batch(plen.tolist(), rlen.tolist(), prompt, resp, g=g)
 
 
 # ---- units ----------------------------------------------------------------------------------------------------
@@ -83,12 +91,6 @@ def test_packed_inputs_restart_positions_and_score_response_tokens():
 
 
 # ---- engines on two ranks ---------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _full_grads(module) -> dict:
     out = {}
     for n, p in module.named_parameters():

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -12,14 +11,9 @@ import torch
 
 from rlx import checkpoint as ckpt
 from rlx.config.schema import TrainerConfig
+from conftest import spawn_per_strategy
 
 WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _engine(strategy: str):
@@ -55,20 +49,6 @@ def _full_params(engine) -> dict:
     from rlx.engine.weights import iter_full_params
 
     return {k: v.clone() for k, v in iter_full_params(engine.module, to_cpu=True)}
-
-
-def _worker(rank: int, port: int, root: str):
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                         world_size=WORLD)
-    try:
-        for strategy in ("fsdp", "fsdp2"):
-            try:
-                _check(rank, strategy, os.path.join(root, strategy))
-            except Exception as e:
-                raise AssertionError(f"[strategy={strategy} rank={rank}] {type(e).__name__}: {e}") from e
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def _check(rank: int, strategy: str, root: str):
@@ -167,7 +147,7 @@ def test_resume_exact_hf_export_and_crash(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))  # a private built-in model, inherited by the ranks
     resolve_model_path("builtin://tiny-qwen2")
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), str(tmp_path / "ckpt")), nprocs=WORLD, join=True)
+    spawn_per_strategy(_check, str(tmp_path / "ckpt"), WORLD)
 
 
 # ---------------------------------------------------------------------------------------------- driver side

@@ -8,7 +8,7 @@ import pytest
 from rlx.trainer.main_ppo import choose_rollout
 from rlx.trainer.ppo_trainer import RayPPOTrainer
 
-from conftest import REPO, load_config  # load_config: the quickstart job's config
+from conftest import REPO, fit_job, load_config  # load_config: the quickstart job's config
 
 SMALL = ["trainer.total_training_steps=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.val_files=synthetic://digits/size:8/seed:1",
@@ -16,14 +16,7 @@ SMALL = ["trainer.total_training_steps=2", "data.train_batch_size=4", "actor_rol
 
 
 def train(overrides, tmp_path):
-    cfg = load_config(SMALL + overrides + [f"trainer.default_local_dir={tmp_path}"])
-    trainer = RayPPOTrainer(cfg, choose_rollout(cfg))
-    trainer.init_workers()
-    before = trainer.param_checksum()
-    history = trainer.fit()
-    after = trainer.param_checksum()
-    trainer.shutdown()
-    return history, before, after
+    return fit_job(SMALL + overrides, tmp_path)
 
 
 def assert_trained(history, before, after, critic: bool):

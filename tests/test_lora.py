@@ -3,24 +3,18 @@ exports and exact resume, on FSDP1 and FSDP2 over 2-rank gloo with the built-in 
 from __future__ import annotations
 
 import os
-import socket
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
+from conftest import spawn_per_strategy
 
 pytest.importorskip("peft")
 
 WORLD = 2
 PROMPT, RESP = 4, 40  # 2 rows x 44 tokens per micro-batch: tiled in tiles of 16
 OFFLOAD = dict(pin_memory=False, min_tensor_bytes=0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _engine(strategy: str, role: str = "actor", lora: bool = True, **model_kw):
@@ -81,20 +75,6 @@ def _assert_same(a, b, what):
     assert pa.keys() == pb.keys()
     for k in pa:
         assert torch.equal(pa[k], pb[k]), f"{what}: {k} differs by {(pa[k] - pb[k]).abs().max()}"
-
-
-def _worker(rank: int, port: int, root: str):
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                         world_size=WORLD)
-    try:
-        for strategy in ("fsdp", "fsdp2"):
-            try:
-                _check(rank, strategy, os.path.join(root, strategy))
-            except Exception as e:
-                raise AssertionError(f"[strategy={strategy} rank={rank}] {type(e).__name__}: {e}") from e
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def _check(rank: int, strategy: str, root: str):
@@ -204,7 +184,7 @@ def _check_exports(actor_dir, merged, batch, on_lp):
 def test_lora_engine_fsdp1_fsdp2(tmp_path):
     """Per strategy: a frozen base; offload + checkpointing (+ tiling) bit for bit; the adapter-off ref equals a
     separate base model; merged / adapter exports; exact resume."""
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    spawn_per_strategy(_check, str(tmp_path), WORLD)
 
 
 def test_lora_config_errors():
@@ -263,23 +243,15 @@ def test_grpo_lora_default_job_learns(tmp_path):
 def test_ppo_critic_lora_actor_fsdp1(ray_local, tmp_path):
     """PPO with a (fully trained) critic, LoRA on the actor (FSDP1), a KL loss against the adapter-off ref, the HF
     rollout: 2 steps, the policy and the critic both train."""
-    from conftest import load_config
-    from rlx.trainer.main_ppo import choose_rollout
-    from rlx.trainer.ppo_trainer import RayPPOTrainer
+    from conftest import fit_job
 
-    cfg = load_config(["trainer.total_training_steps=2", "data.train_batch_size=4",
-                       "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # one optimizer step per training step
-                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-                       "data.val_files=synthetic://digits/size:8/seed:1", "algorithm.adv_estimator=gae",
-                       "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.rollout.name=hf",
-                       "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.rollout.calculate_log_probs=True",
-                       f"trainer.default_local_dir={tmp_path}"], config_name="quickstart_lora")
-    trainer = RayPPOTrainer(cfg, choose_rollout(cfg))
-    trainer.init_workers()
-    before = trainer.param_checksum()
-    history = trainer.fit()
-    after = trainer.param_checksum()
-    trainer.shutdown()
+    history, before, after = fit_job(
+        ["trainer.total_training_steps=2", "data.train_batch_size=4",
+         "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # one optimizer step per training step
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.val_files=synthetic://digits/size:8/seed:1",
+         "algorithm.adv_estimator=gae", "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.rollout.name=hf",
+         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.rollout.calculate_log_probs=True"],
+        tmp_path, config_name="quickstart_lora")
     assert len(history) == 2 and before != after
     for m in history:
         assert m["actor/grad_norm"] > 0 and m["critic/grad_norm"] > 0 and "critic/vf_loss" in m

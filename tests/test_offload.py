@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlx.offload import ActivationOffloadConfig, apply_activation_offload, find_decoder_layers
+from conftest import free_port as _free_port
 
 transformers = pytest.importorskip("transformers")
 
@@ -196,12 +196,6 @@ def assert_same(a, b, what):
 
 
 # ---------------------------------------------------------------- FSDP over gloo, world size 2
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _fsdp_worker(rank: int, world: int, port: int, strategy: str):
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import socket
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 
 from rlx.algos import core_algos
 from rlx.ops import apply_tiled_mlp, log_probs_from_hidden
+from conftest import free_port as _free_port
 
 transformers = pytest.importorskip("transformers")
 
@@ -356,12 +356,6 @@ def test_tiled_mlp_short_sequence_untouched(tiny):
 
 
 # ---------------------------------------------------------------- FSDP1 / FSDP2 over gloo, world size 2
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wrap(model, strategy: str):
     if strategy == "fsdp1":  # as the engine wraps it: one unit per decoder layer, use_orig_params=True
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP

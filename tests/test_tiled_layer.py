@@ -206,9 +206,15 @@ def test_tiled_layers_refuses_what_it_cannot_tile(tiny):
 # ---------------------------------------------------------------- the host pool, sized before the first step
 def test_pool_reserved_before_first_step(tiny):
     from rlx.offload import ActivationOffloadConfig, apply_activation_offload
-    from rlx.engine.base import micro_batch_tokens
+    from conftest import load_config
+    from rlx.engine.base import micro_batch_tokens, role_micro_batch_tokens
 
     assert micro_batch_tokens(100, 200, 2, None) == 600 and micro_batch_tokens(100, 200, 2, 4096) == 4096
+    cfg = load_config(["data.max_prompt_length=100", "data.max_response_length=200",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                       "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=4096"])
+    assert role_micro_batch_tokens(cfg.data, cfg.actor_rollout_ref.actor) == 600  # what the workers reserve for
+    assert role_micro_batch_tokens(cfg.data, cfg.critic) == 4096
     h = tiny.config.hidden_size
     for reserve, ckpt in ((True, True), (False, True), (True, False)):
         m = copy.deepcopy(tiny)

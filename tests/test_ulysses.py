@@ -3,9 +3,9 @@
 
 The same global batch runs at SP=1 (every rank its own rows) and at SP=sp (the ranks of a group share rows, each
 holds 1/sp of the packed row): log-probs, entropy, values, the loss and every parameter gradient agree within
-1e-5 relative, for the actor and the critic, plain and with offload + checkpointing + tiled MLP + fused head,
-and dynamic batch size; at sp=4 the 2 KV heads are repeated. The batch's packed sequences have unequal lengths,
-one of them shorter than sp tokens. Also: per-rank saved activations at SP=2 are about half of SP=1's.
+1e-5 relative, for the actor and the critic, plain and with offload + checkpointing + tiled MLP or tiled decoder
+layers + fused head, and dynamic batch size; at sp=4 the 2 KV heads are repeated. The batch's packed sequences
+have unequal lengths, one of them shorter than sp tokens. Also: per-rank saved activations at SP=2 are about half of SP=1's.
 """
 from __future__ import annotations
 
@@ -15,30 +15,10 @@ import pytest
 import torch
 
 from rlx.protocol import Batch
-from test_batch_shaping import _capture_grads, _cfg, _free_port
+from test_batch_shaping import _capture_grads, _cfg, _free_port, lengths_batch
 
 TOL = 1e-5
 WORST: dict = {}  # case -> worst relative difference seen (printed for the closing note)
-
-
-def lengths_batch(prompt_lens, resp_lens, prompt=6, resp=9, seed=0) -> Batch:
-    """Rows with the given prompt and response lengths (left-padded prompts, right-padded responses)."""
-    g = torch.Generator().manual_seed(seed)
-    rows = len(prompt_lens)
-    pm, rm = torch.zeros(rows, prompt, dtype=torch.long), torch.zeros(rows, resp, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompt_lens, resp_lens)):
-        pm[i, prompt - p:] = 1
-        rm[i, :r] = 1
-    am = torch.cat([pm, rm], 1)
-    ids = torch.randint(3, 255, (rows, prompt + resp), generator=g) * am
-    return Batch({"input_ids": ids, "attention_mask": am, "position_ids": (am.cumsum(1) - 1).clamp(min=0),
-                  "responses": ids[:, prompt:], "response_mask": rm,
-                  "old_log_probs": -5.5 + 0.1 * torch.randn(rows, resp, generator=g),
-                  "advantages": torch.randn(rows, resp, generator=g),
-                  "ref_log_prob": -5.5 + 0.1 * torch.randn(rows, resp, generator=g),
-                  "values": 0.1 * torch.randn(rows, resp, generator=g),
-                  "returns": torch.randn(rows, resp, generator=g)})
-
 
 # 8 rows; row 1 is 2 + 1 = 3 tokens (shorter than sp=4), the others of unequal lengths
 BATCH = dict(prompt_lens=[6, 2, 4, 3, 5, 6, 2, 4], resp_lens=[9, 1, 7, 3, 8, 5, 9, 2])
@@ -51,6 +31,7 @@ LONG = ["actor_rollout_ref.model.enable_activation_offload=True",
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",
         "actor_rollout_ref.model.tile_mlp_tokens=8", "actor_rollout_ref.model.use_fused_kernels=True",
         "actor_rollout_ref.model.fused_kernel_options.chunk_size=5"]
+LAYER = [o.replace("tile_mlp_tokens", "tile_layer_tokens") for o in LONG]  # tiled decoder layers instead
 DYN = ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20",
        "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=20", "critic.forward_max_token_len_per_gpu=20"]
 
@@ -130,13 +111,24 @@ def _exactness_worker(rank, world, port, strategy, sps, cases, device_type="cpu"
     torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo",
                                          init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
+    import rlx.ops.tiled_layer as tl
+    tiled_backwards, orig = [0], tl._TiledLayer.backward
+
+    def counted(ctx, grad_out):
+        tiled_backwards[0] += 1
+        return orig(ctx, grad_out)
+
+    tl._TiledLayer.backward = staticmethod(counted)  # this spawned process only
     try:
         batch = lengths_batch(**BATCH)
         for name, over, dyn_forward in cases:
             ref = _run(strategy, over, 1, world, batch, dyn_forward, device)
             ref_losses = _summed_losses(ref[5])
             for sp in sps:
+                tiled_backwards[0] = 0
                 got = _run(strategy, over, sp, world, batch, dyn_forward, device)
+                # the tiled layers ran their own backward at sp > 1 (actor and critic: 2 layers each at least)
+                assert ("layer" not in name) == (tiled_backwards[0] == 0), (name, sp, tiled_backwards[0])
                 _compare(f"{strategy} sp={sp} {name}", got, ref, _summed_losses(got[5]), ref_losses, ref[0])
         if rank == 0:
             print("ULYSSES WORST", WORST)
@@ -154,16 +146,21 @@ def _spawn(fn, world, *args):
 
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
 def test_sp2_matches_sp1(strategy):
-    """FSDP1: HF checkpointing alone (its recompute runs the all-to-alls again); FSDP2: nothing on. Both: offload
-    + checkpointing + tiled MLP + fused head + dynamic batch size."""
-    first = ("hf-ckpt", ["actor_rollout_ref.model.enable_gradient_checkpointing=True"], None) if strategy == "fsdp" \
-        else ("plain", [], None)
-    _spawn(_exactness_worker, 2, strategy, (2,), [first, ("offload+ckpt+tile+fused+dyn", LONG + DYN, 20)])
+    """FSDP1: HF checkpointing alone (its recompute runs the all-to-alls again), then offload + checkpointing +
+    tiled decoder layers + fused head; FSDP2: nothing on. Both: offload + checkpointing + tiled MLP + fused head +
+    dynamic batch size."""
+    if strategy == "fsdp":
+        first = [("hf-ckpt", ["actor_rollout_ref.model.enable_gradient_checkpointing=True"], None),
+                 ("offload+ckpt+layer+fused", LAYER, None)]
+    else:
+        first = [("plain", [], None)]
+    _spawn(_exactness_worker, 2, strategy, (2,), first + [("offload+ckpt+tile+fused+dyn", LONG + DYN, 20)])
 
 
 def test_sp4_gqa_repeats_kv_heads():
-    """4 ranks: sp=4 (2 KV heads repeated) and sp=2 against sp=1, with offload, tiling and the fused head."""
-    _spawn(_exactness_worker, 4, "fsdp2", (2, 4), [("offload+ckpt+tile+fused", LONG, None)])
+    """4 ranks: sp=4 (2 KV heads repeated) and sp=2 against sp=1, with offload, the tiled decoder layers (the
+    tiled layer's recompute runs the all-to-alls again, all heads in one call) and the fused head."""
+    _spawn(_exactness_worker, 4, "fsdp2", (2, 4), [("offload+ckpt+layer+fused", LAYER, None)])
 
 
 def _memory_worker(rank, world, port, out_file):
@@ -228,6 +225,10 @@ def test_sp_config_accepted():
     assert cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size == 4
     # the ref follows the actor unless set (verl's default)
     assert load_config(SP_OK + [f"{A}=2"]).actor_rollout_ref.ref.ulysses_sequence_parallel_size == 2
+    # tiled decoder layers compose with sequence parallelism (actor and critic)
+    tiled = [f"{m}.{k}" for m in ("actor_rollout_ref.model", "critic.model")
+             for k in ("tile_layer_tokens=8192", "enable_gradient_checkpointing=True")]
+    assert load_config(SP_OK + [f"{A}=2", f"{C}=2"] + tiled).critic.model.tile_layer_tokens == 8192
 
 
 @pytest.mark.parametrize("key", [A, R, C])
@@ -267,8 +268,9 @@ def test_sp_mini_batch_splits_over_data_parallel_groups():
 
 @pytest.mark.gpu
 def test_sp2_matches_sp1_on_two_gpus():
-    """The same exactness check on 2 GPUs over NCCL (fp32, FSDP2, offload + checkpointing + tiling + fused head);
-    needs 2 visible GPUs."""
+    """The same exactness check on 2 GPUs over NCCL (fp32, FSDP2, offload + checkpointing + tiled MLP or tiled
+    decoder layers + fused head); needs 2 visible GPUs."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    _spawn(_exactness_worker, 2, "fsdp2", (2,), [("offload+ckpt+tile+fused+dyn", LONG + DYN, 20)], "cuda")
+    _spawn(_exactness_worker, 2, "fsdp2", (2,), [("offload+ckpt+tile+fused+dyn", LONG + DYN, 20),
+                                                 ("offload+ckpt+layer+fused", LAYER, None)], "cuda")

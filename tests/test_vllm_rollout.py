@@ -7,7 +7,6 @@ import copy
 import json
 import math
 import os
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,17 +19,12 @@ from rlx.algos.probs_diff import rollout_probs_diff
 from rlx.config.schema import RolloutConfig
 from rlx.protocol import Batch
 from rlx.engine.weights import iter_full_params
+from conftest import free_port as _free_port
 
 P, R = 8, 12        # max prompt / response length
 TEMPERATURE = 0.1   # see test_probs_diff_after_sync
 PROMPTS = ["hello world", "abc", "The quick brown", "x"]
 PAD, EOS = 0, 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_dir() -> str:

@@ -92,11 +92,6 @@ def _check_sequence_parallel(cfg, errors):
             errors.append(f"{key}={sp} must divide the world size {ws} (trainer.nnodes * trainer.n_gpus_per_node): "
                           f"the ranks split into data-parallel groups of {sp}. Fix: {key} among the divisors of "
                           f"{ws}, or change trainer.n_gpus_per_node.")
-        if getattr(model, "tile_layer_tokens", 0):
-            errors.append(f"{key}={sp} with {prefix}.tile_layer_tokens={model.tile_layer_tokens}: the tiled decoder "
-                          f"layer runs its attention backward per KV-head group, which the all-to-all around "
-                          f"attention does not support yet. Fix: {prefix}.tile_layer_tokens=0 (tile_mlp_tokens "
-                          f"composes with sequence parallelism), or {key}=1.")
         if not model.use_remove_padding:
             errors.append(f"{key}={sp} shards the packed (remove-padding) sequence and needs "
                           f"{prefix}.use_remove_padding=True (as in verl). Fix: {prefix}.use_remove_padding=True, "

@@ -312,6 +312,14 @@ def micro_batch_tokens(prompt_length: int, response_length: int, micro_size: Opt
     return int(micro_size or 1) * (int(prompt_length) + int(response_length))
 
 
+def role_micro_batch_tokens(data_cfg, role_cfg) -> int:
+    """`micro_batch_tokens` for one training role (`actor_rollout_ref.actor` or `critic`): its micro-batch rows,
+    or its token budget when `use_dynamic_bsz` is on, over the data's prompt + response lengths."""
+    return micro_batch_tokens(data_cfg.max_prompt_length, data_cfg.max_response_length,
+                              role_cfg.ppo_micro_batch_size_per_gpu,
+                              role_cfg.ppo_max_token_len_per_gpu if role_cfg.use_dynamic_bsz else None)
+
+
 def split_minis(batch: Batch, mini_size: int, epochs: int, shuffle: bool, seed: int):
     """Yield the mini-batches of each PPO epoch (rows shuffled per epoch with `shuffle`)."""
     for epoch in range(epochs):

@@ -141,11 +141,12 @@ class _LayerPlan:
         q, k = self.rotary(q, k, cos, sin)  # cos/sin `[n, d]`, unsqueezed to `[n, 1, d]`: per token, per head
         return q, k, v
 
-    @staticmethod
-    def head_groups(n_q: int, n_kv: int):
+    def head_groups(self, n_q: int, n_kv: int):
         """(query heads, KV heads) slices of each KV head's group: the attention of one group needs nothing of
-        another (GQA: n_q / n_kv query heads share a KV head)."""
-        if n_kv <= 1 or n_q % n_kv:
+        another (GQA: n_q / n_kv query heads share a KV head). One group of all heads under Ulysses sequence
+        parallelism (`rlx.engine.ulysses`): its all-to-all splits the heads the layer passes among the ranks, so
+        it gets them all, in one call, as the untiled layer passes them."""
+        if n_kv <= 1 or n_q % n_kv or getattr(self.attn, "_rlx_sp_group", None) is not None:
             return [(slice(0, n_q), slice(0, n_kv))]
         per = n_q // n_kv
         return [(slice(j * per, (j + 1) * per), slice(j, j + 1)) for j in range(n_kv)]

@@ -17,7 +17,7 @@ log = logging.getLogger("rlx")
 class ActorRolloutRefWorker(Worker):
     def init_model(self, total_steps: int, rollout_name: str) -> None:
         from rlx.engine.actor import ActorEngine
-        from rlx.engine.base import micro_batch_tokens
+        from rlx.engine.base import role_micro_batch_tokens
 
         arr = self.cfg.actor_rollout_ref
         self.use_ref = arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
@@ -26,10 +26,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor = ActorEngine(role="actor", actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
                                  strategy=arr.actor.strategy, total_steps=total_steps,
                                  sp_size=arr.actor.ulysses_sequence_parallel_size,
-                                 max_micro_batch_tokens=micro_batch_tokens(
-                                     self.cfg.data.max_prompt_length, self.cfg.data.max_response_length,
-                                     arr.actor.ppo_micro_batch_size_per_gpu,
-                                     arr.actor.ppo_max_token_len_per_gpu if arr.actor.use_dynamic_bsz else None),
+                                 max_micro_batch_tokens=role_micro_batch_tokens(self.cfg.data, arr.actor),
                                  **common)
         self.ref = None
         # with LoRA the ref is the actor's own module with its adapters switched off (verl): no second model

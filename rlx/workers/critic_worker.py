@@ -9,15 +9,13 @@ from rlx.workers.group import ResourcePool, WorkerGroup
 
 class CriticWorker(Worker):
     def init_model(self, total_steps: int) -> None:
-        from rlx.engine.base import micro_batch_tokens
+        from rlx.engine.base import role_micro_batch_tokens
         from rlx.engine.critic import CriticEngine
 
         c = self.cfg.critic
-        tokens = micro_batch_tokens(self.cfg.data.max_prompt_length, self.cfg.data.max_response_length,
-                                    c.ppo_micro_batch_size_per_gpu, c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz
-                                    else None)
         self.critic = CriticEngine(critic_cfg=c, device=self.device, world_size=self.world_size,
-                                   total_steps=total_steps, max_micro_batch_tokens=tokens)
+                                   total_steps=total_steps,
+                                   max_micro_batch_tokens=role_micro_batch_tokens(self.cfg.data, c))
 
     def compute_values(self, batch: Batch) -> Batch:
         m: dict = {}
