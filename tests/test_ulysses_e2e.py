@@ -1,5 +1,6 @@
 """Ulysses end to end through the entry point's trainer: Ray, 2 CPU worker ranks over gloo, the HF rollout, offload
-+ checkpointing + tiled MLP + fused head + packed rows on actor, ref and critic, 2 steps. A run with
++ checkpointing + tiled MLP (GRPO) or tiled decoder layers (PPO) + fused head + packed rows on actor, ref and
+critic, 2 steps. A run with
 `ulysses_sequence_parallel_size=2` (one group of 2 ranks sharing every row) and one with 1 (2 data-parallel
 ranks) on the same seed have the same step-1 metrics (same rollout, same old log-probs, same update: one
 mini-batch per step, since more would group different rows into them at sp=1 and sp=2, as in verl)."""
@@ -23,11 +24,17 @@ STEP1 = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "
 CRITIC = ("critic/vf_loss", "critic/grad_norm", "critic/values/mean", "critic/advantages/mean")
 
 
+# PPO runs the tiled decoder layers instead of the tiled MLP (actor, ref and critic)
+LAYER = [o.replace("tile_mlp_tokens", "tile_layer_tokens") for o in LONG] + \
+    ["actor_rollout_ref.model.enable_gradient_checkpointing=True", "critic.model.enable_gradient_checkpointing=True"]
+
+
 @pytest.mark.parametrize("estimator", ["grpo", "gae"])
 def test_sp2_matches_sp1_end_to_end(ray_local, tmp_path, estimator):
     runs = {}
+    common = LONG if estimator == "grpo" else LAYER
     for sp, extra in ((1, []), (2, SP2)):
-        history, before, after = train([f"algorithm.adv_estimator={estimator}"] + LONG + extra, tmp_path / f"sp{sp}")
+        history, before, after = train([f"algorithm.adv_estimator={estimator}"] + common + extra, tmp_path / f"sp{sp}")
         assert_trained(history, before, after, critic=estimator == "gae")
         runs[sp] = history[0]
     keys = STEP1 + (CRITIC if estimator == "gae" else ())
