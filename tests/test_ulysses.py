@@ -32,6 +32,8 @@ LONG = ["actor_rollout_ref.model.enable_activation_offload=True",
         "actor_rollout_ref.model.tile_mlp_tokens=8", "actor_rollout_ref.model.use_fused_kernels=True",
         "actor_rollout_ref.model.fused_kernel_options.chunk_size=5"]
 LAYER = [o.replace("tile_mlp_tokens", "tile_layer_tokens") for o in LONG]  # tiled decoder layers instead
+LORA = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.model.target_modules=all-linear"]  # the actor's only: the critic trains in full
 DYN = ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20",
        "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=20", "critic.forward_max_token_len_per_gpu=20"]
 
@@ -48,7 +50,7 @@ def _engines(strategy, over, sp, world, device):
                         strategy=strategy, device=device, world_size=world, rollout_n=2,
                         temperature=0.7, sp_size=sp)
     critic_over = [o.replace("actor_rollout_ref.model.", "critic.model.") for o in COMMON + list(over)
-                   if "fused" not in o]
+                   if "fused" not in o and o not in LORA]
     cfg = _cfg(strategy, critic_over + [f"trainer.n_gpus_per_node={world}",
                                         f"critic.ulysses_sequence_parallel_size={sp}"])
     torch.manual_seed(0)
@@ -129,6 +131,8 @@ def _exactness_worker(rank, world, port, strategy, sps, cases, device_type="cpu"
                 got = _run(strategy, over, sp, world, batch, dyn_forward, device)
                 # the tiled layers ran their own backward at sp > 1 (actor and critic: 2 layers each at least)
                 assert ("layer" not in name) == (tiled_backwards[0] == 0), (name, sp, tiled_backwards[0])
+                if "lora" in name:  # the actor trains its adapters only
+                    assert got[3] and all("lora_" in n for n in got[3]), sorted(got[3])
                 _compare(f"{strategy} sp={sp} {name}", got, ref, _summed_losses(got[5]), ref_losses, ref[0])
         if rank == 0:
             print("ULYSSES WORST", WORST)
@@ -147,13 +151,14 @@ def _spawn(fn, world, *args):
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
 def test_sp2_matches_sp1(strategy):
     """FSDP1: HF checkpointing alone (its recompute runs the all-to-alls again), then offload + checkpointing +
-    tiled decoder layers + fused head; FSDP2: nothing on. Both: offload + checkpointing + tiled MLP + fused head +
-    dynamic batch size."""
+    tiled decoder layers + fused head; FSDP2: nothing on, then LoRA on the actor with offload + checkpointing +
+    tiled decoder layers + fused head. Both: offload + checkpointing + tiled MLP + fused head + dynamic batch
+    size."""
     if strategy == "fsdp":
         first = [("hf-ckpt", ["actor_rollout_ref.model.enable_gradient_checkpointing=True"], None),
                  ("offload+ckpt+layer+fused", LAYER, None)]
     else:
-        first = [("plain", [], None)]
+        first = [("plain", [], None), ("lora+offload+ckpt+layer+fused", LORA + LAYER, None)]
     _spawn(_exactness_worker, 2, strategy, (2,), first + [("offload+ckpt+tile+fused+dyn", LONG + DYN, 20)])
 
 
