@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from rlx.ops.patch import patch_forward
+
 
 def tensors_in(obj) -> List[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
@@ -60,7 +62,7 @@ class Patches:
         self._off = offloader
         self._ckpt = checkpointed
         self._in_layer = False  # inside a wrapped, not checkpointed call (recompute_mlp acts only there)
-        self._originals = []  # (module, had an instance forward, it)
+        self._undo = []  # restores each wrapped module's forward
         self._handles = []
         for i, m in enumerate(modules):
             self._wrap(m, self._module_forward(i, m.forward))
@@ -70,19 +72,15 @@ class Patches:
             self._handles.append(out_proj.register_forward_hook(self._out_proj_hook))
 
     def remove(self) -> None:
-        for m, had, orig in reversed(self._originals):
-            if had:
-                m.forward = orig
-            else:
-                del m.forward
-        self._originals = []
+        for undo in reversed(self._undo):
+            undo()
+        self._undo = []
         for h in self._handles:
             h.remove()
         self._handles = []
 
     def _wrap(self, m: nn.Module, forward: Callable) -> None:
-        self._originals.append((m, "forward" in m.__dict__, m.__dict__.get("forward")))
-        m.forward = forward
+        self._undo.append(patch_forward(m, forward))
 
     def _module_forward(self, idx: int, orig: Callable) -> Callable:
         off = self._off

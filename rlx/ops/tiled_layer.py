@@ -45,26 +45,25 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .tiled_mlp import _Sums, _cast, _grad_params, _padded, _swapped, _windows, hand_down, is_exclusive, \
-    tile_tokenwise
+from .patch import patch_forward
+from .tiled_mlp import TiledMLPHandle, _Sums, _cast, _grad_params, _padded, _swapped, _windows, hand_down, \
+    is_exclusive, tile_tokenwise
 
 __all__ = ["TiledLayerHandle", "apply_tiled_layers"]
 
 _KEY = "model.tile_layer_tokens"
 
 
-class TiledLayerHandle:
+class TiledLayerHandle(TiledMLPHandle):
     """Returned by `apply_tiled_layers`: `layers` (they recompute themselves in backward) and `remove()`."""
 
     def __init__(self, tile_tokens: int):
-        self.tile_tokens = tile_tokens
+        super().__init__(tile_tokens)
         self.layers: List[nn.Module] = []
-        self._undo: List[Callable[[], None]] = []
 
     def remove(self) -> None:
-        for undo in reversed(self._undo):
-            undo()
-        self._undo, self.layers = [], []
+        super().remove()
+        self.layers = []
 
 
 def apply_tiled_layers(layers: List[nn.Module], tile_tokens: int,
@@ -76,18 +75,7 @@ def apply_tiled_layers(layers: List[nn.Module], tile_tokens: int,
         raise ValueError(f"{_KEY}={tile_tokens!r}: must be a positive number of tokens per layer tile")
     handle = TiledLayerHandle(tile_tokens)
     for i, layer in enumerate(layers):
-        plan = _LayerPlan(layer, i, tile_tokens)
-        had = "forward" in layer.__dict__
-        orig = layer.__dict__.get("forward")
-        layer.forward = plan.forward
-
-        def undo(layer=layer, had=had, orig=orig):
-            if had:
-                layer.forward = orig
-            else:
-                del layer.forward
-
-        handle._undo.append(undo)
+        handle._undo.append(patch_forward(layer, _LayerPlan(layer, i, tile_tokens).forward))
         handle.layers.append(layer)  # each recomputes itself in backward: checkpoint none of them again
     if final_norm is not None:
         handle._undo.append(tile_tokenwise(final_norm, tile_tokens))

@@ -34,6 +34,8 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import nn
 
+from .patch import patch_forward
+
 __all__ = ["TiledMLPHandle", "apply_tiled_mlp"]
 
 _Slot = Tuple[nn.Module, str]  # (submodule, attribute name) of one parameter
@@ -72,15 +74,12 @@ class TiledMLPHandle:
 
     def __init__(self, tile_tokens: int):
         self.tile_tokens = tile_tokens
-        self._patched: List[Tuple[nn.Module, bool, object]] = []  # (mlp, had an instance forward, it)
+        self._undo: List[Callable[[], None]] = []  # one per patched module, in patching order
 
     def remove(self) -> None:
-        for mlp, had, orig in reversed(self._patched):
-            if had:
-                mlp.forward = orig
-            else:
-                del mlp.forward
-        self._patched = []
+        for undo in reversed(self._undo):
+            undo()
+        self._undo = []
 
 
 def apply_tiled_mlp(layers: List[nn.Module], tile_tokens: int) -> TiledMLPHandle:
@@ -95,24 +94,14 @@ def apply_tiled_mlp(layers: List[nn.Module], tile_tokens: int) -> TiledMLPHandle
         if not isinstance(mlp, nn.Module):
             raise ValueError(f"apply_tiled_mlp: decoder layer {i} ({type(layer).__name__}) has no `mlp` module "
                              f"to tile; tile only models whose decoder layers have one")
-        handle._patched.append((mlp, "forward" in mlp.__dict__, mlp.__dict__.get("forward")))
-        mlp.forward = _tiled_forward(mlp, mlp.forward, tile_tokens)
+        handle._undo.append(tile_tokenwise(mlp, tile_tokens))
     return handle
 
 
 def tile_tokenwise(module: nn.Module, tile_tokens: int) -> Callable[[], None]:
     """Run any token-wise module (`[..., H]` -> `[..., H']`, each token on its own: an MLP, an RMSNorm) in
     tiles of `tile_tokens` tokens as the MLPs above; returns the function that undoes it."""
-    had, orig = "forward" in module.__dict__, module.__dict__.get("forward")
-    module.forward = _tiled_forward(module, module.forward, tile_tokens)
-
-    def undo():
-        if had:
-            module.forward = orig
-        else:
-            del module.forward
-
-    return undo
+    return patch_forward(module, _tiled_forward(module, module.forward, tile_tokens))
 
 
 def _tiled_forward(mlp: nn.Module, orig: Callable, tile: int) -> Callable:
