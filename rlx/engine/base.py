@@ -46,9 +46,8 @@ class FSDPEngine:
             self.sp_group = ulysses.sp_group(sp_size)
             self.sp_rank = dist.get_rank(self.sp_group)
             ulysses.register_ulysses_attention()
-        attn = packed_attn_implementation(device.type) if self.remove_padding else "sdpa"
-        if sp_size > 1:
-            attn = ulysses.ULYSSES_ATTENTION
+        attn = ulysses.ULYSSES_ATTENTION if sp_size > 1 else \
+            packed_attn_implementation(device.type) if self.remove_padding else "sdpa"
         model = F.build_hf_model(model_cfg.path, "critic" if role == "critic" else "actor", F.DTYPES[dtype],
                                  override_config=model_cfg.override_config,
                                  trust_remote_code=model_cfg.trust_remote_code,
