@@ -584,18 +584,18 @@ def longest(res: dict, search_max: int) -> str:
 
 
 def print_tables(results: list[dict], search_max: int) -> None:
-    done = [r for r in results if r.get("device")]
-    dev = done[0]["device"] if done else "?"
-    cap = done[0].get("cap_gib") if done else None
+    # what the runs share, from the first that got as far as loading (none when every run died before)
+    head = next((r for r in results if r.get("device")), {})
+    dev, cap = head.get("device", "?"), head.get("cap_gib")
     where = f"{dev}, cap {cap:g} GiB" if cap else dev
     long_ = [r for r in results if r.get("mode") == "long"]
     if long_:
         lengths = sorted({p["len"] for r in long_ for p in r["points"]})
-        print(f"\n### RL update, long responses: {done[0].get('shape', '?')} dims, FSDP2 "
-              f"{done[0].get('precision', '?')} compute ("
-              + (f"LoRA rank {done[0]['lora']} on all linear layers, frozen base, fp32 adapters and AdamW), "
-                 if done[0].get("lora") else "fp32 master weights and AdamW), ") +
-              f"batch 1, prompt {done[0].get('prompt', '?')}, {where}")
+        print(f"\n### RL update, long responses: {head.get('shape', '?')} dims, FSDP2 "
+              f"{head.get('precision', '?')} compute ("
+              + (f"LoRA rank {head['lora']} on all linear layers, frozen base, fp32 adapters and AdamW), "
+                 if head.get("lora") else "fp32 master weights and AdamW), ") +
+              f"batch 1, prompt {head.get('prompt', '?')}, {where}")
         print("cell: peak GiB / step s (OOM: did not fit; blank: not run); static: params + AdamW state (fp32) held between updates; "
               "KB/token: peak growth per response token\n")
         print("| scheme | switches | static GiB | " + " | ".join(str(n) for n in lengths) +
@@ -619,7 +619,7 @@ def print_tables(results: list[dict], search_max: int) -> None:
         resp = pt0.get("resp_lens", [])
         print(f"\n### RL update, batch shaping (GRPO): {len(resp)} rows, responses {min(resp, default=0)}.."
               f"{max(resp, default=0)} (seeded), {pt0.get('valid_tokens', '?')} valid tokens in every variant, "
-              f"{done[0].get('shape', '?')} dims, {where}\n")
+              f"{head.get('shape', '?')} dims, {where}\n")
         print(f"| variant | switches | micro-batches | tokens computed | step s | valid tokens/s | "
               f"x {shaping[0]['scheme']} | peak GiB |")
         print("|---|---|---|---|---|---|---|---|")
@@ -641,7 +641,7 @@ def print_tables(results: list[dict], search_max: int) -> None:
             print_breakdown(b, f"[{r['scheme']}] breakdown, response {b['len'] // 2} -> {b['len']}" +
                             (f" (allocator peak {b['peak_gib'][0]:.2f} -> {b['peak_gib'][1]:.2f} GiB)"
                              if b["peak_gib"][1] is not None else " (CPU)"))
-    if any(r.get("shape") == "1.5b" for r in done):
+    if any(r.get("shape") == "1.5b" for r in results):
         print_targets(results)
     print_sp_ratios(results)
 
