@@ -98,17 +98,26 @@ def _check_sequence_parallel(cfg, errors):
                           f"or {key}=1.")
         conf = model_config(model)
         heads = conf.get("num_attention_heads")
-        kv = conf.get("num_key_value_heads") or heads
         if heads is None:
             continue
-        if heads % sp:
-            errors.append(f"{key}={sp} must divide the model's num_attention_heads={heads} ({prefix}.path="
-                          f"{model.path!r}): each rank attends with heads/sp of them. Fix: {key} among the divisors "
-                          f"of {heads}.")
-        elif kv % sp and sp % kv:
-            errors.append(f"{key}={sp} and the model's num_key_value_heads={kv} ({prefix}.path={model.path!r}): one "
-                          f"must divide the other (KV heads are split over the ranks, or repeated when fewer). Fix: "
-                          f"{key} that divides {kv} or is a multiple of it.")
+        problem = sp_heads_problem(key, sp, heads, conf.get("num_key_value_heads"), f"{prefix}.path={model.path!r}")
+        if problem:
+            errors.append(problem)
+
+
+def sp_heads_problem(key: str, sp: int, heads: int, kv_heads: int | None, where: str) -> str | None:
+    """Why `sp` cannot split a model's attention (`where`: which model), or None: sp must divide the attention
+    heads, and the KV heads split over the ranks or repeat evenly into them. Checked from config.json before Ray
+    starts and again by the engine on the model it built."""
+    kv = kv_heads or heads
+    if heads % sp:
+        return (f"{key}={sp} must divide the model's num_attention_heads={heads} ({where}): each rank attends with "
+                f"heads/sp of them. Fix: {key} among the divisors of {heads}.")
+    if kv % sp and sp % kv:
+        return (f"{key}={sp} and the model's num_key_value_heads={kv} ({where}): one must divide the other (KV heads "
+                f"are split over the ranks, or repeated when fewer than {key}). Fix: {key} that divides {kv} or is a "
+                f"multiple of it.")
+    return None
 
 
 def _check_not_supported(cfg, errors):

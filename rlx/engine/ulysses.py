@@ -158,15 +158,12 @@ def register_ulysses_attention() -> None:
 
 def check_heads(config, sp: int, key: str) -> None:
     """ValueError unless `sp` splits the model's attention heads (and its KV heads, or repeats them evenly)."""
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    if heads % sp:
-        raise ValueError(f"{key}={sp} must divide the model's num_attention_heads={heads} (each rank attends with "
-                         f"heads/sp of them). Fix: choose {key} among the divisors of {heads}.")
-    if kv % sp and sp % kv:
-        raise ValueError(f"{key}={sp} and the model's num_key_value_heads={kv}: one must divide the other (KV heads "
-                         f"are split over the ranks, or repeated when fewer than {key}). Fix: choose {key} that "
-                         f"divides {kv} or is a multiple of it.")
+    from rlx.config.validate import sp_heads_problem
+
+    problem = sp_heads_problem(key, sp, config.num_attention_heads, getattr(config, "num_key_value_heads", None),
+                               f"model_type={getattr(config, 'model_type', '?')}")
+    if problem:
+        raise ValueError(problem)
 
 
 def apply_ulysses(model: nn.Module, group) -> None:
