@@ -29,6 +29,8 @@ from collections import defaultdict
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from rlx.offload.patching import tensors_in  # an op's output: a tensor, or tensors in lists/tuples
+
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _HERE = os.path.abspath(__file__)
 
@@ -78,7 +80,7 @@ class MemoryCensus(TorchDispatchMode):
         node = torch._C._current_autograd_node()
         if node is not None and self.at_backward is None:
             self.at_backward, self.total_at_backward = dict(self.by_class), self.total
-        for t in _tensors(out):
+        for t in tensors_in(out):
             self._record(t, func, node)
         return out
 
@@ -152,10 +154,3 @@ def _is_python_node(node) -> bool:
     its own Python frames name it better."""
     return node.name().endswith("Backward")
 
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for o in obj:
-            yield from _tensors(o)
