@@ -69,18 +69,84 @@ def _check_contents(contents, what: str) -> set:
 
 
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The rank's RNG states as tensors and plain numbers only, so that the file loads with
+    `torch.load(..., weights_only=True)` (no pickled objects, nothing that runs code when loaded)."""
+    version, words, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": {"version": version, "state": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+             "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npy = state["python"], state["numpy"]
+    if isinstance(py, dict):
+        random.setstate((py["version"], tuple(int(w) for w in py["state"].tolist()), py["gauss"]))
+        np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                             npy["cached_gaussian"]))
+    else:  # the format before weights_only loading: Python's tuple and numpy's tuple with an ndarray
+        random.setstate(py)
+        np.random.set_state(npy)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _numpy_array_globals() -> list:
+    """What an ndarray inside a checkpoint of the earlier format needs to be rebuilt: numpy's array constructor
+    and dtypes. Data only: none of them can call anything else."""
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file that would only load by running code from it (a pickled object); rlx refuses it."""
+
+
+def load_extra(path: str) -> dict:
+    """An `extra_rank{r}.pt` file, loaded with `weights_only=True`: tensors, dicts, lists and numbers only, so
+    loading it never runs code. The earlier format (numpy's RNG state as an ndarray) loads too, numpy's array
+    type being allowed as data. Anything else is an `UnsafeCheckpointError` naming the file; a file that is not
+    a torch file at all is a `DamagedCheckpointError`."""
+    import pickle
+
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        if "weights_only" not in str(e) and "Unsupported global" not in str(e):
+            raise DamagedCheckpointError(f"{path} is unreadable (UnpicklingError: {e}); resume from an earlier "
+                                         f"global_step_N dir (trainer.resume_from_path)") from None
+        found = re.search(r"(?:Unsupported global|GLOBAL):? ?(\S+)", str(e))
+        raise UnsafeCheckpointError(
+            f"{path} holds a pickled object ({found.group(1) if found else 'a global'}) that would run code when "
+            f"loaded; rlx loads checkpoint files with torch.load(weights_only=True) and refuses it. Nothing was "
+            f"loaded or trained. If you wrote this checkpoint yourself and trust it, re-save its extra state in "
+            f"the safe format: python -m rlx.checkpoint resave-extra {os.path.dirname(os.path.dirname(path))}"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - EOFError, RuntimeError: a truncated or damaged file
+        raise DamagedCheckpointError(f"{path} is unreadable ({type(e).__name__}: {e}); resume from an earlier "
+                                     f"global_step_N dir (trainer.resume_from_path)") from None
+
+
+def check_extra_files(step: str) -> list[str]:
+    """The problems of every `extra_rank*.pt` under a step dir (its actor/ and critic/), each file loaded as
+    resume loads it; [] when all load. The driver calls this before any worker starts."""
+    problems = []
+    for role in sorted(os.listdir(step)) if os.path.isdir(step) else []:
+        role_dir = os.path.join(step, role)
+        if not os.path.isdir(role_dir):
+            continue
+        for name in sorted(n for n in os.listdir(role_dir) if re.fullmatch(r"extra_rank\d+\.pt", n)):
+            try:
+                load_extra(os.path.join(role_dir, name))
+            except ValueError as e:
+                problems.append(str(e))
+    return problems
 
 
 def _state_dict_options(engine):
@@ -195,11 +261,7 @@ def load_engine(engine, path: str, contents=CONTENTS) -> None:
             log.warning("%s was saved by %d ranks, loading on %d: RNG states are not restored",
                         path, meta["world_size"], world)
         extra_path = own if same_world else os.path.join(path, "extra_rank0.pt")
-        try:
-            extra = torch.load(extra_path, weights_only=False)
-        except Exception as e:  # noqa: BLE001 - EOFError, UnpicklingError, RuntimeError: a damaged file
-            raise DamagedCheckpointError(f"{extra_path} is unreadable ({type(e).__name__}: {e}); resume from an "
-                                         f"earlier global_step_N dir (trainer.resume_from_path)") from None
+        extra = load_extra(extra_path)
         if extra["lr_scheduler"] is not None and engine.lr_scheduler is not None:
             engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
         if same_world:
@@ -571,3 +633,52 @@ def rotate(root: str, keep: int | None, subdir: str) -> list[str]:
         if not any(os.path.isdir(os.path.join(d, s)) for s in ("actor", "critic")):
             shutil.rmtree(d)
     return removed
+
+
+# ---------------------------------------------------------------------------------------------- re-save (by hand)
+def resave_extra(step: str) -> list[str]:
+    """Rewrite every `extra_rank*.pt` of a step dir in the weights-only format, loading the old files with
+    `weights_only=False`: THIS RUNS WHATEVER CODE THE FILES HOLD, so it is only ever called by a user on a
+    checkpoint they wrote themselves (`python -m rlx.checkpoint resave-extra <global_step_N dir>`), never by
+    training. The step's COMPLETE manifest is rewritten with the new checksums. Returns the files rewritten."""
+    done = []
+    for role in sorted(os.listdir(step)):
+        role_dir = os.path.join(step, role)
+        if not os.path.isdir(role_dir):
+            continue
+        for name in sorted(n for n in os.listdir(role_dir) if re.fullmatch(r"extra_rank\d+\.pt", n)):
+            path = os.path.join(role_dir, name)
+            old = torch.load(path, weights_only=False, map_location="cpu")  # the user vouched for this file
+            rng = old.get("rng") or {}
+            saved = random.getstate(), np.random.get_state()
+            try:  # convert through the RNGs themselves, so the new format is exactly what _rng_state writes
+                if isinstance(rng.get("python"), tuple):
+                    random.setstate(rng["python"])
+                if isinstance(rng.get("numpy"), tuple):
+                    np.random.set_state(rng["numpy"])
+                new_rng = {**_rng_state(), "torch": rng.get("torch", torch.get_rng_state())}
+                if "cuda" in rng:
+                    new_rng["cuda"] = rng["cuda"]
+                else:
+                    new_rng.pop("cuda", None)
+            finally:
+                random.setstate(saved[0])
+                np.random.set_state(saved[1])
+            _atomic_write(path, {"rng": new_rng, "lr_scheduler": old.get("lr_scheduler")})
+            load_extra(path)  # the new file must load the safe way
+            done.append(path)
+    if done and is_complete(step):
+        mark_complete(step)
+    return done
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "resave-extra":
+        print("usage: python -m rlx.checkpoint resave-extra <global_step_N dir>\n  Rewrites the step's "
+              "extra_rank*.pt files so that they load with torch.load(weights_only=True). It loads the old files "
+              "the unsafe way: run it only on a checkpoint you wrote yourself.", file=sys.stderr)
+        sys.exit(2)
+    for p in resave_extra(sys.argv[2]):
+        print(f"re-saved {p}")

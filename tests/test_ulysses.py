@@ -199,7 +199,7 @@ def test_sp2_halves_saved_activations_per_rank(tmp_path):
     for the same 466-token micro-batch: SP=2 about half of SP=1 (each rank holds 233 tokens)."""
     out = str(tmp_path / "mem.pt")
     _spawn(_memory_worker, 2, out)
-    got = torch.load(out)
+    got = torch.load(out, weights_only=True)
     ratio = got[2] / got[1]
     print(f"saved activation bytes per rank: sp=1 {got[1] / 2**20:.2f} MiB, sp=2 {got[2] / 2**20:.2f} MiB, "
           f"ratio {ratio:.3f}")

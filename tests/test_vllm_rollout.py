@@ -292,6 +292,6 @@ def test_two_gloo_ranks(tmp_path):
     mp.start_processes(_two_rank_worker, args=(2, _free_port(), path, str(tmp_path)), nprocs=2, join=True,
                        start_method="spawn")
     for rank in range(2):
-        res = torch.load(tmp_path / f"rank{rank}.pt")
+        res = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert torch.equal(res["vllm"], res["hf"]), (rank, res)
         assert res["fsdp1_ok"], rank

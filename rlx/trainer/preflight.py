@@ -15,7 +15,8 @@ seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
 - rollout: the vLLM a vLLM rollout will use is not older than the oldest supported release and was built for the
   installed torch (`rlx.workers.rollout.vllm_compat`);
 - checkpoints: `trainer.default_local_dir` is writable when something will be written there, and the checkpoint
-  to resume from exists, is complete and matches its checksums.
+  to resume from exists, is complete, matches its checksums, and its extra state (`extra_rank*.pt`) loads with
+  `torch.load(weights_only=True)`: loading a checkpoint never runs code.
 
 What the checks build on the way (tokenizer, datasets, reward function, the verified resume dir) is returned as
 `DriverInputs`, so the trainer loads nothing twice.
@@ -286,12 +287,15 @@ def _check_resume(cfg: RLXConfig, problems: list[str]) -> str | None:
 
     t = cfg.trainer
     try:
-        return ckpt.find_resume_dir(dataclasses.replace(
+        resume_dir = ckpt.find_resume_dir(dataclasses.replace(
             t, default_local_dir=os.path.abspath(t.default_local_dir),
             resume_from_path=os.path.abspath(t.resume_from_path) if t.resume_from_path else None))
     except ValueError as e:
         problems.append(str(e))
         return None
+    unsafe = ckpt.check_extra_files(resume_dir) if resume_dir else []  # loaded as resume will: no code runs
+    problems.extend(unsafe)
+    return None if unsafe else resume_dir
 
 
 def _first_line(e: BaseException) -> str:
