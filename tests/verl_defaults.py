@@ -201,7 +201,9 @@ VERL_DEFAULTS = {
     'data.validation_shuffle': False,
     'data.video_key': 'videos',
     'reward_model.enable': False,  # legacy null: reward.reward_model.enable
-    'reward_model.model': {'path': None, 'external_lib': None, 'trust_remote_code': None},
+    'reward_model.model.external_lib': None,
+    'reward_model.model.path': None,
+    'reward_model.model.trust_remote_code': False,  # legacy null: off
     'reward_model.reward_manager': 'naive',  # legacy null: reward.reward_manager.name
     'trainer.balance_batch': True,
     'trainer.critic_warmup': 0,

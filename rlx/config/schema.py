@@ -485,11 +485,37 @@ class CriticConfig:
 
 
 @dataclass
+class RewardModelModelConfig:
+    path: Optional[str] = None
+    """The reward model: an HF directory of a sequence-classification model with one label (e.g.
+    Qwen2ForSequenceClassification; a token-classification checkpoint loads the same head), or
+    builtin://tiny-qwen2-rm. Needed with reward_model.enable=True."""
+    input_tokenizer: Optional[str] = None
+    """The actor's tokenizer, when the reward model's differs (verl's key): each response is then decoded with it
+    and the conversation (prompt messages + the response as the assistant's turn) re-templated with the reward
+    model's own chat template. null: re-template only when the reward model's tokenizer is not the actor's
+    (another vocabulary or chat template); otherwise the model scores the actor's own token ids."""
+    external_lib: Optional[str] = None
+    """A module imported before the model is built (registers a custom architecture)."""
+    trust_remote_code: bool = False
+    """Allow the model's own code from its directory (verl's legacy default is null: off)."""
+    override_config: dict = field(default_factory=dict)
+    """Entries set on the model's HF config before it is built."""
+    use_remove_padding: bool = True
+    """Score packed rows (padding removed) instead of padded ones; the scores are the same."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """Sharding of the reward model (param_offload: its parameters live on the CPU between scoring calls)."""
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False
-    """verl key: model-based rewards are not supported yet (rule rewards only)."""
-    strategy: str = "fsdp"
-    """verl key (reward models are not supported yet)."""
+    """Score responses with a reward model (reward_model.model.path): a worker role of its own (FSDP, no
+    optimizer) colocated with the actor's GPUs. Its score replaces the rule reward, as in verl: it goes on the
+    response's last valid token. With custom_reward_function.path the custom function scores instead (verl's
+    precedence)."""
+    strategy: str = "${actor_rollout_ref.actor.strategy}"
+    """fsdp | fsdp2: how the reward model is sharded (follows the actor's, as the ref's does)."""
     reward_manager: str = "naive"
     """Reward manager (verl's names): naive (one score per response, on its last valid token) | dapo (naive plus
     DAPO's overlong penalty, reward_kwargs.overlong_buffer_cfg) | batch (the score function takes lists:
@@ -505,10 +531,19 @@ class RewardModelConfig:
     """A NaN or infinite score from the reward function: null stops the run with an error naming the function, the
     data_source and the sample; a number replaces the score (each replacement counted in
     reward/non_finite_count)."""
-    model: dict = field(default_factory=lambda: {"path": None, "external_lib": None, "trust_remote_code": None})
-    """verl key (reward models are not supported yet)."""
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    """The reward model (with enable=True)."""
+    micro_batch_size: Optional[int] = None
+    """Deprecated global form of micro_batch_size_per_gpu (divided by the world size, as verl does)."""
     micro_batch_size_per_gpu: Optional[int] = None
-    """verl key (reward models are not supported yet)."""
+    """Sequences per scoring forward on each GPU (or use_dynamic_bsz)."""
+    max_length: Optional[int] = None
+    """Longest re-templated conversation the reward model reads, in its tokens: a longer one loses its beginning
+    (the score is read at the end). null: no limit (verl 0.9.1's reward loop scores the whole conversation)."""
+    use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"  # type: ignore[assignment]
+    """Form the scoring micro-batches by a token budget (forward_max_token_len_per_gpu) instead of a count."""
+    forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"  # type: ignore[assignment]
+    """Token budget of one scoring micro-batch per GPU with use_dynamic_bsz."""
 
 
 @dataclass
@@ -679,10 +714,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "critic.model.fsdp_config.fsdp_size": -1,
     "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "critic.optim.total_training_steps": -1,
-    "reward_model.enable": False,
-    "reward_model.strategy": "fsdp",
-    "reward_model.model": {"path": None, "external_lib": None, "trust_remote_code": None},
-    "reward_model.micro_batch_size_per_gpu": None,
     "reward_model.launch_reward_fn_async": False,
     "algorithm.use_pf_ppo": False,
     "trainer.default_hdfs_dir": None,
@@ -699,6 +730,7 @@ DEPRECATED: dict[str, str] = {
     "actor_rollout_ref.rollout.log_prob_micro_batch_size":
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
     "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
+    "reward_model.micro_batch_size": "reward_model.micro_batch_size_per_gpu",
     "critic.forward_micro_batch_size": "critic.forward_micro_batch_size_per_gpu",
 }
 

@@ -380,6 +380,30 @@ def _check_rollout(cfg, errors):
                       f" + data.max_response_length = {need}; raise max_model_len or shorten the lengths.")
 
 
+def _check_reward_model(cfg, errors):
+    """reward_model.enable: a model to score with, a strategy, and a micro-batch size (or a token budget)."""
+    rm = cfg.reward_model
+    if not rm.enable:
+        return
+    if not rm.model.path:
+        errors.append("reward_model.enable=True needs reward_model.model.path=<a sequence-classification model dir> "
+                      "(or builtin://tiny-qwen2-rm). Fix: set it, or reward_model.enable=False.")
+    if rm.strategy not in STRATEGIES:
+        errors.append(f"reward_model.strategy={rm.strategy!r} is not supported; the reward model is sharded with fsdp "
+                      f"or fsdp2. Fix: reward_model.strategy=fsdp2.")
+    if rm.use_dynamic_bsz:
+        _positive(errors, "reward_model.forward_max_token_len_per_gpu", rm.forward_max_token_len_per_gpu,
+                  "(the token budget of reward_model.use_dynamic_bsz=True)")
+    elif rm.micro_batch_size_per_gpu is None and rm.micro_batch_size is None:
+        errors.append("reward_model.micro_batch_size_per_gpu=None: reward_model.enable=True scores in micro-batches. "
+                      "Fix: reward_model.micro_batch_size_per_gpu=<sequences per GPU>, or "
+                      "reward_model.use_dynamic_bsz=True with reward_model.forward_max_token_len_per_gpu.")
+    elif (rm.micro_batch_size_per_gpu or rm.micro_batch_size) <= 0:
+        errors.append(f"reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu!r} must be positive.")
+    if rm.max_length is not None and rm.max_length <= 0:
+        errors.append(f"reward_model.max_length={rm.max_length} must be positive (or null).")
+
+
 def _check_reward(cfg, errors):
     rm = cfg.reward_model
     _choice(errors, "reward_model.reward_manager", rm.reward_manager, REWARD_MANAGERS)
@@ -527,6 +551,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_algorithm(cfg, errors)
     _check_rollout(cfg, errors)
     _check_reward(cfg, errors)
+    _check_reward_model(cfg, errors)
     _check_data_trainer(cfg, errors)
     _check_device(cfg, errors)
     _check_output_paths(cfg, errors)

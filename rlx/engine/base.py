@@ -24,7 +24,8 @@ log = logging.getLogger("rlx")
 class FSDPEngine:
     """An FSDP-wrapped HF model with (optionally) an optimizer, activation offload and CPU offload.
 
-    Runs without Ray: workers and torchrun scripts construct it the same way. `role` is actor | ref | critic.
+    Runs without Ray: workers and torchrun scripts construct it the same way. `role` is actor | ref | critic |
+    reward (the reward model: the critic's one-label head, no optimizer).
     """
 
     def __init__(self, *, role: str, model_cfg: ModelConfig | CriticModelConfig, strategy: str, fsdp_cfg: FSDPConfig,
@@ -48,7 +49,8 @@ class FSDPEngine:
             ulysses.register_ulysses_attention()
         attn = ulysses.ULYSSES_ATTENTION if sp_size > 1 else \
             packed_attn_implementation(device.type) if self.remove_padding else "sdpa"
-        model = F.build_hf_model(model_cfg.path, "critic" if role == "critic" else "actor", F.DTYPES[dtype],
+        scorer = role in ("critic", "reward")  # a one-label head on every token: values, or the reward model's score
+        model = F.build_hf_model(model_cfg.path, "critic" if scorer else "actor", F.DTYPES[dtype],
                                  override_config=model_cfg.override_config,
                                  trust_remote_code=model_cfg.trust_remote_code,
                                  external_lib=model_cfg.external_lib, attn_implementation=attn)

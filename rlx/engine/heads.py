@@ -7,7 +7,8 @@ applies the head there:
 * actor / ref (`AutoModelForCausalLM`): log-prob of `targets` (and entropy when asked) at temperature `T`,
   through `rlx.ops.log_prob_head`: the chunked head never materialises `[tokens, vocab]` logits when
   `chunk_size > 0` (`model.use_fused_kernels`), else the full-logits path;
-* critic (`AutoModelForTokenClassification` with one label): the value.
+* critic (`AutoModelForTokenClassification` with one label): the value; the reward model (role `reward`, the
+  same head, loaded from a sequence-classification checkpoint): its score.
 
 The replaced forward is the module's own forward, so FSDP1/FSDP2 gather and free the head's parameters around
 it as they do around any forward, and the outputs are the root module's outputs (their backward hooks fire).
@@ -85,7 +86,7 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int]) -> 
     from rlx.ops.log_prob_head import log_probs_from_hidden
 
     base = model.base_model
-    critic = role == "critic"
+    critic = role in ("critic", "reward")  # the one-label head: values, or the reward model's score
     head = model.score if critic else model.get_output_embeddings()
     dropout = getattr(model, "dropout", None) if critic else None
 

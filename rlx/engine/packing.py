@@ -109,13 +109,31 @@ def token_inputs(mb: Batch, device: torch.device, remove_padding: bool,
                  sp: Optional[tuple[int, int]] = None) -> TokenInputs:
     """The model inputs of `mb`, padded or packed; with `sp=(rank, size)` (Ulysses, packed only) this rank's
     slice of the packed row (`ulysses.shard_packed`)."""
-    input_ids, mask, pos = mb["input_ids"], mb["attention_mask"], mb["position_ids"]
     responses, resp_mask = mb["responses"], mb["response_mask"]
-    n_rows, seq = input_ids.shape
-    resp_len = responses.shape[1]
+    seq, resp_len = mb["input_ids"].shape[1], responses.shape[1]
     rows, cols = resp_mask.nonzero(as_tuple=True)
     pred = cols + (seq - resp_len - 1)  # column that predicts response token `cols`
-    targets = responses[rows, cols]
+    return _inputs_at(mb, rows, pred, cols, responses[rows, cols], (len(responses), resp_len), device, remove_padding,
+                      sp)
+
+
+def last_token_inputs(mb: Batch, device: torch.device, remove_padding: bool) -> TokenInputs:
+    """The model inputs of `mb` (`input_ids`, `attention_mask`, `position_ids`: any padding, left or right) scored
+    at each row's last valid token (the reward model's read-out); outputs scatter to `[rows, 1]`."""
+    mask = mb["attention_mask"]
+    n_rows, seq = mask.shape
+    cols = torch.arange(seq).expand(n_rows, -1)
+    last = torch.where(mask.bool(), cols, -1).max(dim=1).values
+    assert bool((last >= 0).all()), "every row holds at least one token"
+    rows = torch.arange(n_rows)
+    return _inputs_at(mb, rows, last, torch.zeros_like(rows), None, (n_rows, 1), device, remove_padding, None)
+
+
+def _inputs_at(mb: Batch, rows, pred, cols, targets, shape, device, remove_padding, sp) -> TokenInputs:
+    """Model inputs that score the tokens at (`rows`, column `pred` of `input_ids`); outputs go to (`rows`, `cols`)
+    of a `shape` tensor."""
+    input_ids, mask, pos = mb["input_ids"], mb["attention_mask"], mb["position_ids"]
+    n_rows, seq = input_ids.shape
     if remove_padding:
         valid = mask.bool()
         flat_pos = valid.reshape(-1).long().cumsum(0) - 1  # packed position of every valid flat position
@@ -136,4 +154,4 @@ def token_inputs(mb: Batch, device: torch.device, remove_padding: bool,
         kwargs = shard_packed(kwargs["input_ids"], kwargs["position_ids"], kwargs["cu_seq_lens"], index, targets,
                               rank=sp[0], sp=sp[1])
     kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
-    return TokenInputs(kwargs, rows.to(device), cols.to(device), (n_rows, resp_len))
+    return TokenInputs(kwargs, rows.to(device), cols.to(device), shape)

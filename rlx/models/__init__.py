@@ -1,6 +1,8 @@
 """Built-in tiny models, materialised from a config in the repo (no download).
 
-`model.path` may name a built-in model as ``builtin://<name>`` (e.g. ``builtin://tiny-qwen2``). The first use
+`model.path` may name a built-in model as ``builtin://<name>`` (e.g. ``builtin://tiny-qwen2``, or the reward model
+``builtin://tiny-qwen2-rm``: the same dimensions with a one-label sequence-classification head and a chat template
+of its own). The first use
 writes an HF-format directory (config, byte-level tokenizer, seeded random weights) under ``$RLX_CACHE``
 (default ``~/.cache/rlx``) and every later use loads it from there, so HF, FSDP workers and vLLM all see the
 same ordinary model directory.
@@ -75,16 +77,20 @@ def build_byte_tokenizer():
 
 def _materialise(spec: dict, target: Path) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     tokenizer = build_byte_tokenizer()
+    if "chat_template" in spec:  # a model whose conversations read differently (e.g. the tiny reward model)
+        tokenizer.chat_template = spec["chat_template"]
     cfg_kwargs = dict(spec["config"])
     model_type = cfg_kwargs.pop("model_type")
     config = AutoConfig.for_model(model_type, vocab_size=len(tokenizer),
                                   pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                                   eos_token_id=tokenizer.eos_token_id, **cfg_kwargs)
     torch.manual_seed(spec.get("seed", 0))
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    head = spec.get("head", "causal_lm")  # causal_lm | sequence_classification (a reward model, one label)
+    auto = AutoModelForSequenceClassification if head == "sequence_classification" else AutoModelForCausalLM
+    model = auto.from_config(config, torch_dtype=torch.float32)
     # Write into a temp dir and rename, so no process ever sees a half-written model.
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     model.save_pretrained(tmp, safe_serialization=True)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from rlx.trainer.preflight import DriverInputs
     from rlx.workers.actor_worker import ActorGroup
     from rlx.workers.critic_worker import CriticGroup
+    from rlx.workers.reward_model_worker import RewardModelGroup
 
 log = logging.getLogger("rlx")
 
@@ -101,7 +102,7 @@ class RayPPOTrainer:
         preflight runs here when it is not given."""
         from rlx.data.dataset import PromptLoader
         from rlx.data.reward import build_reward_manager
-        from rlx.trainer.preflight import preflight
+        from rlx.trainer.preflight import preflight, uses_reward_model
 
         inputs = inputs or preflight(cfg)
         self.cfg, self.rollout_name = cfg, rollout_name
@@ -122,31 +123,37 @@ class RayPPOTrainer:
                                                     cfg.algorithm.kl_ctrl.target_kl, cfg.algorithm.kl_ctrl.horizon)
         self.global_step = 0
         self.val_history: list[dict] = []
+        self.use_rm = uses_reward_model(cfg)
         self.actor: ActorGroup | None = None  # the worker groups, started by init_workers()
         self.critic: CriticGroup | None = None
+        self.rm: RewardModelGroup | None = None
 
     # ---- setup ----------------------------------------------------------------------------------------
     def init_workers(self) -> None:
         from rlx.workers.actor_worker import ActorGroup
         from rlx.workers.critic_worker import CriticGroup
         from rlx.workers.group import ResourcePool
+        from rlx.workers.reward_model_worker import RewardModelGroup
 
         t = self.cfg.trainer
         # verl's colocated roles: one bundle per GPU, rank i of every role on bundle i (see rlx.workers.group)
-        self.pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, roles=2 if self.use_critic else 1)
+        self.pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, roles=1 + self.use_critic + self.use_rm)
         self.actor = ActorGroup(self.pool, self.cfg)
         self.critic = CriticGroup(self.pool, self.cfg) if self.use_critic else None
+        self.rm = RewardModelGroup(self.pool, self.cfg) if self.use_rm else None
         # actor (and its vLLM engine) first: vLLM sizes its KV cache from a GPU no other process is filling
         self.actor.init_model(self.total_steps, self.rollout_name)
         if self.critic is not None:
             self.critic.init_model(self.total_steps)
+        if self.rm is not None:
+            self.rm.init_model()
 
     def shutdown(self) -> None:
         """Kill the workers and release their placement group."""
-        for group in (self.actor, self.critic):
+        for group in (self.actor, self.critic, self.rm):
             if group is not None:
                 group.shutdown()
-        self.actor = self.critic = None
+        self.actor = self.critic = self.rm = None
 
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self) -> list[dict]:
@@ -260,16 +267,21 @@ class RayPPOTrainer:
     def compute_reward(self, batch: Batch, metrics: dict) -> None:
         from rlx.data.reward import mean_extras
 
-        scores, extra = self.score(batch)
+        scores, extra = self.score(batch, metrics)
         batch.tensors["token_level_scores"] = scores
         metrics.update({f"reward_extra/{k}": v for k, v in mean_extras(extra).items()})
         if self.cfg.reward_model.non_finite_score is not None:
             metrics["reward/non_finite_count"] = float(self.reward_fn.non_finite_count)
 
-    def score(self, batch: Batch):
-        """The reward manager on a generated batch; a reward that is not a finite number stops the run."""
+    def score(self, batch: Batch, metrics: dict | None = None):
+        """Token-level scores of a generated batch and the reward function's extra values: the reward model's
+        (`reward_model.enable`, verl's precedence: unless a custom reward function is given), else the reward
+        manager's; a reward that is not a finite number stops the run."""
         from rlx.data.reward import RewardError
 
+        if self.rm is not None:
+            out = worker_metrics(self.rm.compute_rm_score(batch), metrics if metrics is not None else {})
+            return out["rm_scores"], {}
         try:
             return self.reward_fn(batch)
         except RewardError as e:

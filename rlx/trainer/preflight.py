@@ -61,6 +61,8 @@ def preflight(cfg: RLXConfig) -> DriverInputs:
     model_dir = _check_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, problems)
     if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
         _check_model("critic.model.path", cfg.critic.model.path, problems)
+    if uses_reward_model(cfg):
+        _check_model("reward_model.model.path", cfg.reward_model.model.path, problems)
     tokenizer = None
     tok_key, tok_path = (("data.tokenizer", cfg.data.tokenizer) if cfg.data.tokenizer
                          else ("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path))
@@ -93,6 +95,11 @@ def preflight(cfg: RLXConfig) -> DriverInputs:
 
 
 # ---------------------------------------------------------------------------------------------- models
+def uses_reward_model(cfg: RLXConfig) -> bool:
+    """verl's precedence: the reward model scores when enabled and no custom reward function is given."""
+    return cfg.reward_model.enable and not cfg.custom_reward_function.path
+
+
 def _check_model(key: str, path: str, problems: list[str], weights: bool = True) -> str | None:
     """The local directory of `path`, or None after adding a problem."""
     from rlx.models import BUILTIN_PREFIX, resolve_model_path
@@ -216,7 +223,7 @@ def _check_reward(cfg: RLXConfig, datasets: list, problems: list[str]):
     except ValueError as e:
         problems.append(f"{e}.")
         return None
-    if not cfg.custom_reward_function.path:
+    if not cfg.custom_reward_function.path and not uses_reward_model(cfg):  # the reward model scores every source
         known = set(known_data_sources())
         unknown = sorted({s for ds in datasets for s in ds.data_sources()} - known)
         if unknown:

@@ -1,0 +1,66 @@
+"""The reward-model worker: scores generated responses with a learned reward model (FSDP, no optimizer); and
+`RewardModelGroup`, the driver's typed handle on its ranks."""
+from __future__ import annotations
+
+from rlx.config.schema import RLXConfig
+from rlx.protocol import Batch
+from rlx.workers.base_worker import Worker
+from rlx.workers.group import ResourcePool, WorkerGroup
+
+
+def micro_batch_size_per_gpu(cfg: RLXConfig, world_size: int) -> int | None:
+    """`reward_model.micro_batch_size_per_gpu`, or verl's derivation from the deprecated global
+    `reward_model.micro_batch_size` (divided by the world size)."""
+    rm = cfg.reward_model
+    if rm.micro_batch_size_per_gpu is not None:
+        return rm.micro_batch_size_per_gpu
+    return None if rm.micro_batch_size is None else max(1, rm.micro_batch_size // world_size)
+
+
+class RewardModelWorker(Worker):
+    def init_model(self) -> None:
+        from transformers import AutoTokenizer
+
+        from rlx.data.rm_inputs import same_tokenizer
+        from rlx.engine.reward_model import RewardModelEngine
+        from rlx.models import resolve_model_path
+
+        rm, arr = self.cfg.reward_model, self.cfg.actor_rollout_ref
+        self.rm = RewardModelEngine(rm_cfg=rm, strategy=rm.strategy, device=self.device, world_size=self.world_size)
+        actor_path = resolve_model_path(rm.model.input_tokenizer or self.cfg.data.tokenizer or arr.model.path)
+        self.actor_tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=arr.model.trust_remote_code)
+        if arr.model.custom_chat_template:
+            self.actor_tokenizer.chat_template = arr.model.custom_chat_template
+        self.rm_tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(rm.model.path),
+                                                          trust_remote_code=rm.model.trust_remote_code)
+        self.retemplate = rm.model.input_tokenizer is not None or \
+            not same_tokenizer(self.actor_tokenizer, self.rm_tokenizer)
+
+    def compute_rm_score(self, batch: Batch) -> Batch:
+        """`rm_scores` `[rows, R]`: the reward model's score on each response's last valid token."""
+        from rlx.data.rm_inputs import actor_sequences, place_scores, retemplated
+
+        rm = self.cfg.reward_model
+        m: dict = {}
+        with self.measured("reward_model", m):
+            inputs = retemplated(batch, self.actor_tokenizer, self.rm_tokenizer, rm.max_length) \
+                if self.retemplate else actor_sequences(batch)
+            scores = self.rm.compute_rm_score(inputs, micro_batch_size_per_gpu(self.cfg, self.world_size),
+                                              rm.forward_max_token_len_per_gpu if rm.use_dynamic_bsz else None)
+        out = Batch({"rm_scores": place_scores(scores["rm_score"], batch["response_mask"])})
+        out.meta = {"metrics": m}
+        return out
+
+
+class RewardModelGroup(WorkerGroup):
+    """The reward-model ranks, as the driver calls them (each call runs on every rank)."""
+
+    def __init__(self, pool: ResourcePool, cfg: RLXConfig):
+        super().__init__(RewardModelWorker, pool, cfg)
+
+    def init_model(self) -> None:
+        self.run_all(RewardModelWorker.init_model)
+
+    def compute_rm_score(self, batch: Batch) -> Batch:
+        """`rm_scores` of every response (token-level, on its last valid token)."""
+        return self.run_dp(RewardModelWorker.compute_rm_score, batch)

@@ -1,0 +1,124 @@
+"""Reward models (`reward_model.enable`): the score read at the last valid token, the reward model's own chat
+template, the token-level layout, and PPO scored by a reward model through Ray (2 CPU workers)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlx.data.rm_inputs import place_scores, retemplated, same_tokenizer
+from rlx.engine.packing import last_token_inputs
+from rlx.models import resolve_model_path
+from rlx.protocol import Batch
+
+RM = "builtin://tiny-qwen2-rm"
+
+
+def _tokenizer(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(path))
+
+
+def _reference_scores(rows: list[list[int]]) -> torch.Tensor:
+    """Each row alone, unpadded, through HF's own sequence-classification model: its logit."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(RM), torch_dtype=torch.float32)
+    with torch.no_grad():
+        return torch.cat([model(torch.tensor([r])).logits[:, 0] for r in rows])
+
+
+def _engine_model(packed: bool):
+    from rlx.engine.fsdp import build_hf_model
+    from rlx.engine.heads import apply_token_head, packed_attn_implementation
+
+    attn = packed_attn_implementation("cpu") if packed else "sdpa"
+    model = build_hf_model(RM, "critic", torch.float32, attn_implementation=attn)
+    apply_token_head(model, "reward", None)
+    return model.eval()
+
+
+def _padded(rows, left: bool) -> Batch:
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        sl = slice(width - len(r), width) if left else slice(0, len(r))
+        ids[i, sl], mask[i, sl] = torch.tensor(r), 1
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)})
+
+
+@pytest.mark.parametrize("left,packed", [(True, False), (False, False), (True, True), (False, True)])
+def test_score_is_read_at_the_last_valid_token(left, packed):
+    rows = [[10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33]]
+    ti = last_token_inputs(_padded(rows, left), torch.device("cpu"), remove_padding=packed)
+    with torch.no_grad():
+        got = ti.scatter(_engine_model(packed)(**ti.kwargs))[:, 0]
+    torch.testing.assert_close(got, _reference_scores(rows), rtol=1e-5, atol=1e-6)
+
+
+def test_scores_go_on_the_last_valid_response_token():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    got = place_scores(torch.tensor([0.5, -2.0, 7.0, 3.0]), mask)
+    expected = torch.tensor([[0, 0, 0.5, 0], [-2.0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 3.0]])
+    assert torch.equal(got, expected)
+
+
+def test_a_reward_model_with_another_chat_template_reads_the_conversation_in_its_own():
+    actor, rm = _tokenizer("builtin://tiny-qwen2"), _tokenizer(RM)
+    assert same_tokenizer(actor, actor) and not same_tokenizer(actor, rm)
+    resp = actor("4")["input_ids"] + [actor.eos_token_id]
+    responses = torch.tensor([resp + [actor.pad_token_id]])  # right-padded response, the EOS kept by the mask
+    batch = Batch({"responses": responses, "response_mask": torch.tensor([[1] * len(resp) + [0]])},
+                  {"raw_chat": _obj([[{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "What is 2+2?"}]])})
+    out = retemplated(batch, actor, rm, max_length=1000)
+    # rm's template: "<|bos|>{role}: {content}" per message; the leading BOS text goes, the actor's EOS text too
+    expected = "system: Be brief.<|bos|>user: What is 2+2?<|bos|>assistant: 4"
+    assert rm.decode(out["input_ids"][0][out["attention_mask"][0].bool()].tolist()) == expected
+    assert out["attention_mask"].sum() == len(rm(expected)["input_ids"])
+    cut = retemplated(batch, actor, rm, max_length=5)  # cut on the left: the response's end stays
+    assert rm.decode(cut["input_ids"][0].tolist()) == expected[-5:]
+
+
+def _obj(values):
+    import numpy as np
+
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+@pytest.mark.slow
+def test_ppo_scored_by_a_reward_model_through_ray(ray_local, tmp_path):
+    """PPO with a critic and a reward model (2 CPU workers per role): the scores the trainer uses are the reward
+    model's, read on each response's own conversation; one training step reports them as critic/score/*."""
+    from conftest import load_config
+    from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+    cfg = load_config(["algorithm.adv_estimator=gae", "reward_model.enable=True", f"reward_model.model.path={RM}",
+                       "reward_model.micro_batch_size_per_gpu=3", "reward_model.model.use_remove_padding=True",
+                       "trainer.total_training_steps=1", "data.train_batch_size=4", "trainer.val_before_train=False",
+                       "trainer.test_freq=-1", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                       f"trainer.default_local_dir={tmp_path}"])
+    trainer = RayPPOTrainer(cfg, "hf")
+    try:
+        trainer.init_workers()
+        prompts = trainer.train_loader.next_batch()
+        batch = trainer.generate(prompts, validate=False)
+        metrics: dict = {}
+        scores, _ = trainer.score(batch, metrics)
+        # the reference: each row's conversation in the reward model's template, scored alone by HF's model
+        actor, rm = _tokenizer("builtin://tiny-qwen2"), _tokenizer(RM)
+        texts = retemplated(batch, actor, rm, max_length=10_000)
+        rows = [ids[m.bool()].tolist() for ids, m in zip(texts["input_ids"], texts["attention_mask"])]
+        expected = place_scores(_reference_scores(rows), batch["response_mask"])
+        torch.testing.assert_close(scores, expected, rtol=1e-4, atol=1e-5)
+        assert scores.abs().sum() > 0
+        history = trainer.fit()
+    finally:
+        trainer.shutdown()
+    assert len(history) == 1
+    step = history[0]
+    assert "critic/score/mean" in step and "critic/vf_loss" in step
+    assert step["critic/score/mean"] != 0.0
