@@ -15,7 +15,8 @@ before and after training, a checkpoint save, then a resume from it and a damage
 on both, dynamic batch sizes, cosine schedules, the dapo reward manager with a custom reward file, sampled
 validation with n=2 and logged generations, the HF rollout. Then the vLLM rollout is built from the same worker
 with a stand-in `vllm` module (engine arguments and sampling parameters, once as on CPU and once as on CUDA), and an
-actor engine with LoRA adapters (model.lora_*).
+actor engine with LoRA adapters (model.lora_*), and a reward-model worker scoring a generated batch
+(reward_model.*).
 """
 from __future__ import annotations
 
@@ -210,6 +211,17 @@ def main(out_path: str) -> None:
                        temperature=1.0)
     with lora.adapters_disabled():
         pass
+
+    # a reward model (its keys are read only when enabled): its worker scores a generated batch for the trainer
+    from rlx.workers.reward_model_worker import RewardModelGroup
+
+    rm = cfg.reward_model
+    rm_cfg = dataclasses.replace(cfg, reward_model=dataclasses.replace(
+        rm, enable=True, use_dynamic_bsz=True, max_length=64,
+        model=dataclasses.replace(rm.model, path="builtin://tiny-qwen2-rm", input_tokenizer=arr.model.path)))
+    trainer.rm = RewardModelGroup(InProcessPool(1, 1, "cpu", 1), rm_cfg)
+    trainer.rm.init_model()
+    trainer.score(trainer.generate(trainer.train_loader.next_batch(), validate=False), {})
 
     # the vLLM rollout of the same worker, with a stand-in engine: as on this CPU, then as on a GPU
     sys.modules["vllm"] = fake_vllm_module()

@@ -715,6 +715,9 @@ NOT_SUPPORTED: dict[str, Any] = {
     "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "critic.optim.total_training_steps": -1,
     "reward_model.launch_reward_fn_async": False,
+    "reward_model.model.fsdp_config.fsdp_size": -1,
+    "reward_model.model.fsdp_config.wrap_policy": {"min_num_params": 0},
+    "reward_model.model.fsdp_config.optimizer_offload": False,  # the reward model has no optimizer
     "algorithm.use_pf_ppo": False,
     "trainer.default_hdfs_dir": None,
     "trainer.del_local_ckpt_after_load": False,
