@@ -217,7 +217,8 @@ def main(out_path: str) -> None:
 
     rm = cfg.reward_model
     rm_cfg = dataclasses.replace(cfg, reward_model=dataclasses.replace(
-        rm, enable=True, use_dynamic_bsz=True, max_length=64,
+        rm, enable=True, use_dynamic_bsz=True,
+        rollout=dataclasses.replace(rm.rollout, prompt_length=32, response_length=32),
         model=dataclasses.replace(rm.model, path="builtin://tiny-qwen2-rm", input_tokenizer=arr.model.path)))
     trainer.rm = RewardModelGroup(InProcessPool(1, 1, "cpu", 1), rm_cfg)
     trainer.rm.init_model()

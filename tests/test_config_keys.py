@@ -5,7 +5,8 @@ A key is accounted for when the code that runs a job reads it (recorded by tests
 one process with a config that records every field read, validation's own reads excluded), when its schema
 default interpolates into a key that is read (trainer.project_name -> trainer.default_local_dir), or when it is
 listed: `NOT_SUPPORTED` and `DEPRECATED` (refused unless default), `FOLLOWS` (refused unless equal to the key it
-mirrors), `NO_OP_BY_DESIGN` (accepted, with the reason).
+mirrors), `NO_OP_BY_DESIGN` (accepted, with the reason), `ALIASES` (verl 0.9.1's `reward.*` spelling of a legacy
+key, moved onto it at load).
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ import sys
 import pytest
 
 from rlx.config.loader import SCHEMA_KEYS, SECTION_KEYS
+from rlx.config.reward import ALIASES
 from rlx.config.schema import DEPRECATED, FOLLOWS, NO_OP_BY_DESIGN, NOT_SUPPORTED, RLXConfig
 
 from conftest import REPO, load_config  # load_config: the quickstart job's config
 
 LEAVES = sorted(SCHEMA_KEYS - SECTION_KEYS)
 LISTS = {"NOT_SUPPORTED": NOT_SUPPORTED, "DEPRECATED": DEPRECATED, "FOLLOWS": FOLLOWS,
-         "NO_OP_BY_DESIGN": NO_OP_BY_DESIGN}
+         "NO_OP_BY_DESIGN": NO_OP_BY_DESIGN, "ALIASES": ALIASES}
 
 
 @pytest.fixture(scope="module")

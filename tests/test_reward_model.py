@@ -122,3 +122,43 @@ def test_ppo_scored_by_a_reward_model_through_ray(ray_local, tmp_path):
     step = history[0]
     assert "critic/score/mean" in step and "critic/vf_loss" in step
     assert step["critic/score/mean"] != 0.0
+
+
+# ---------------------------------------------------------------------------------------------- config
+RM_JOB = ["algorithm.adv_estimator=gae", "reward_model.enable=True", f"reward_model.model.path={RM}"]
+
+
+def test_verl_0_9_reward_section_acts_as_the_legacy_keys():
+    from conftest import load_config
+
+    new = load_config(["algorithm.adv_estimator=gae", "reward.reward_model.enable=True",
+                       f"reward.reward_model.model_path={RM}", "reward.reward_manager.name=dapo",
+                       "reward.custom_reward_function.name=my_score", "reward.reward_kwargs.max_resp_len=8",
+                       "reward.reward_model.rollout.dtype=bfloat16"], validate=False)
+    assert new.reward_model.enable and new.reward_model.model.path == RM
+    assert new.reward_model.reward_manager == "dapo" and new.custom_reward_function.name == "my_score"
+    assert new.reward_model.reward_kwargs == {"max_resp_len": 8} and new.reward_model.rollout.dtype == "bfloat16"
+    # the same value twice is fine; two different values for one thing name both keys
+    load_config(RM_JOB + ["reward.reward_model.enable=True"], validate=False)
+    with pytest.raises(ValueError, match=r"reward.reward_manager.name='dapo' and reward_model.reward_manager='batch'"):
+        load_config(["reward.reward_manager.name=dapo", "reward_model.reward_manager=batch"], validate=False)
+
+
+def test_verl_reward_loop_command_keys():
+    """What verl's reward-model examples pass (served by vLLM there): accepted, the lengths bound the conversation,
+    the serving knobs listed as engine-only, sglang and a resource pool of its own refused by name."""
+    from conftest import load_config
+    from rlx.workers.reward_model_worker import max_conversation_tokens
+
+    cfg = load_config(RM_JOB + ["reward_model.use_reward_loop=True", "reward_model.rollout.name=vllm",
+                                "reward_model.rollout.gpu_memory_utilization=0.8",
+                                "reward_model.rollout.tensor_model_parallel_size=1",
+                                "reward_model.rollout.prompt_length=2048", "reward_model.rollout.response_length=1024",
+                                "reward_model.num_workers=8"])
+    assert max_conversation_tokens(cfg) == 3072
+    with pytest.raises(ValueError, match="reward_model.rollout.name='sglang'"):
+        load_config(RM_JOB + ["reward_model.rollout.name=sglang"])
+    with pytest.raises(ValueError, match="reward_model.enable_resource_pool=True is not supported"):
+        load_config(RM_JOB + ["reward_model.enable_resource_pool=True"])
+    with pytest.raises(ValueError, match="reward_model.enable=True needs reward_model.model.path"):
+        load_config(["algorithm.adv_estimator=gae", "reward_model.enable=True"])

@@ -194,9 +194,11 @@ def load_config(overrides: list[str] | None = None, config_dir: str | Path | Non
                 config_name: str = "ppo_trainer", validate: bool = True) -> RLXConfig:
     """What `main_ppo` does before anything starts: compose, check keys, type, validate."""
     from rlx.config.device import resolve_device
+    from rlx.config.reward import merge_reward_section
     from rlx.config.validate import validate_config
 
     cfg = resolve_device(to_typed(compose(overrides, config_dir, config_name)))  # trainer.device=auto -> cuda|cpu
+    merge_reward_section(cfg, RLXConfig())  # verl 0.9.1's reward.* keys act as the legacy keys they spell
     if validate:
         validate_config(cfg)
     return cfg

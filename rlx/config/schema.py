@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlx.config.offload import ActivationOffloadConfig
+from rlx.config.reward import ENGINE_ONLY, RewardModelRolloutConfig, RewardSection, SandboxFusionConfig
 
 
 @dataclass
@@ -541,9 +542,30 @@ class RewardModelConfig:
     """Longest re-templated conversation the reward model reads, in its tokens: a longer one loses its beginning
     (the score is read at the end). null: no limit (verl 0.9.1's reward loop scores the whole conversation)."""
     use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"  # type: ignore[assignment]
-    """Form the scoring micro-batches by a token budget (forward_max_token_len_per_gpu) instead of a count."""
+    """Form the scoring micro-batches by a token budget (forward_max_token_len_per_gpu) instead of a count (also
+    what happens when micro_batch_size_per_gpu is null, as in verl 0.9.1 commands, which have no such key)."""
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"  # type: ignore[assignment]
-    """Token budget of one scoring micro-batch per GPU with use_dynamic_bsz."""
+    """Token budget of one scoring micro-batch per GPU (use_dynamic_bsz, or no micro_batch_size_per_gpu)."""
+    use_reward_loop: Optional[bool] = None
+    """verl: serve the reward model through verl's reward loop (its only way in 0.9.1). rlx scores a discriminative
+    reward model with its own FSDP worker whatever the value: see NO_OP_BY_DESIGN."""
+    num_workers: Optional[int] = None
+    """verl: how many CPU processes send requests to the reward model's server (speed only)."""
+    rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
+    """verl: the engine that serves the reward model (its name, dtype and lengths act in rlx; its serving knobs
+    are engine-only)."""
+    enable_resource_pool: bool = False
+    """verl: the reward model on GPUs of its own (not supported: rlx colocates it with the actor)."""
+    n_gpus_per_node: Optional[int] = None
+    """verl: GPUs per node of the reward model's own pool (inert without enable_resource_pool)."""
+    nnodes: Optional[int] = None
+    """verl: nodes of the reward model's own pool (inert without enable_resource_pool)."""
+    reward_loop_source: Optional[str] = None
+    """verl: where a custom reward-loop manager comes from (not supported)."""
+    reward_loop_module_path: Optional[str] = None
+    """verl: a custom reward-loop manager's file (not supported)."""
+    reward_loop_class_name: Optional[str] = None
+    """verl: a custom reward-loop manager's class (not supported)."""
 
 
 @dataclass
@@ -675,6 +697,11 @@ class RLXConfig:
     """Reward settings."""
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     """User score function."""
+    reward: RewardSection = field(default_factory=RewardSection)
+    """verl 0.9.1's reward section: each key is another spelling of a legacy key (rlx.config.reward.ALIASES) and
+    acts as that key; setting both spellings to different values is an error."""
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
+    """verl's remote code sandbox for code rewards (not supported)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Advantage estimation and KL."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -715,6 +742,13 @@ NOT_SUPPORTED: dict[str, Any] = {
     "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "critic.optim.total_training_steps": -1,
     "reward_model.launch_reward_fn_async": False,
+    "reward_model.enable_resource_pool": False,
+    "reward_model.reward_loop_source": None,
+    "reward_model.reward_loop_module_path": None,
+    "reward_model.reward_loop_class_name": None,
+    "sandbox_fusion.url": None,
+    "sandbox_fusion.max_concurrent": None,
+    "sandbox_fusion.memory_limit_mb": None,
     "reward_model.model.fsdp_config.fsdp_size": -1,
     "reward_model.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "reward_model.model.fsdp_config.optimizer_offload": False,  # the reward model has no optimizer
@@ -746,6 +780,16 @@ FOLLOWS: dict[str, str] = {
 # verl keys that are accepted with any value and do nothing in rlx, each with the reason it is honest to accept
 # them. Keep this short: a key that changes what verl computes is implemented or refused, never listed here.
 NO_OP_BY_DESIGN: dict[str, str] = {
+    "reward_model.use_reward_loop": "verl 0.9.1 serves every reward model through its reward loop; rlx scores a "
+                                    "discriminative one with its FSDP worker either way (the same last-token score)",
+    "reward_model.rollout.name": "vllm | hf both mean rlx's FSDP worker for a discriminative reward model (the same "
+                                 "last-token score vLLM's classify returns); sglang/trtllm are refused by validation",
+    "reward_model.num_workers": "speed only: verl's CPU processes that send requests to the reward model's server",
+    "reward_model.n_gpus_per_node": "inert without reward_model.enable_resource_pool=True (refused), as in verl",
+    "reward_model.nnodes": "inert without reward_model.enable_resource_pool=True (refused), as in verl",
+    **{f"reward_model.rollout.{k}": "a knob of the engine serving the reward model in verl (batching, memory, "
+                                    "kernels); rlx's FSDP worker computes the same scores without it"
+       for k in ENGINE_ONLY},
     "data.dataloader_num_workers": "loader speed only: rlx tokenizes every prompt once, up front, in the driver",
     "data.filter_overlong_prompts_workers": "speed only: the filter runs in the driver and drops the same prompts",
     "actor_rollout_ref.actor.use_torch_compile": "speed only: rlx never compiles, whatever the value",

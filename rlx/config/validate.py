@@ -394,12 +394,19 @@ def _check_reward_model(cfg, errors):
     if rm.use_dynamic_bsz:
         _positive(errors, "reward_model.forward_max_token_len_per_gpu", rm.forward_max_token_len_per_gpu,
                   "(the token budget of reward_model.use_dynamic_bsz=True)")
-    elif rm.micro_batch_size_per_gpu is None and rm.micro_batch_size is None:
-        errors.append("reward_model.micro_batch_size_per_gpu=None: reward_model.enable=True scores in micro-batches. "
-                      "Fix: reward_model.micro_batch_size_per_gpu=<sequences per GPU>, or "
-                      "reward_model.use_dynamic_bsz=True with reward_model.forward_max_token_len_per_gpu.")
+    elif rm.micro_batch_size_per_gpu is None and rm.micro_batch_size is None:  # verl 0.9.1: no such key
+        _positive(errors, "reward_model.forward_max_token_len_per_gpu", rm.forward_max_token_len_per_gpu,
+                  "(the token budget of the reward model's micro-batches when reward_model.micro_batch_size_per_gpu "
+                  "is null)")
     elif (rm.micro_batch_size_per_gpu or rm.micro_batch_size) <= 0:
         errors.append(f"reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu!r} must be positive.")
+    name = rm.rollout.name
+    if name not in (None, "vllm", "hf"):
+        errors.append(f"reward_model.rollout.name={name!r}: rlx scores a reward model with its FSDP worker (the "
+                      f"classifier's last-token output, what vLLM's classify returns); sglang and trtllm are not "
+                      f"supported. Fix: reward_model.rollout.name=vllm (or leave it out).")
+    if rm.rollout.dtype is not None:
+        _choice(errors, "reward_model.rollout.dtype", rm.rollout.dtype, ROLLOUT_DTYPES)
     if rm.max_length is not None and rm.max_length <= 0:
         errors.append(f"reward_model.max_length={rm.max_length} must be positive (or null).")
 

@@ -16,7 +16,7 @@ class RewardModelEngine(FSDPEngine):
     def __init__(self, *, rm_cfg: RewardModelConfig, strategy: str, device: torch.device, world_size: int):
         self.rm_cfg, self.world_size = rm_cfg, world_size
         super().__init__(role="reward", model_cfg=_as_model_cfg(rm_cfg), strategy=strategy,
-                         fsdp_cfg=rm_cfg.model.fsdp_config, device=device)
+                         fsdp_cfg=rm_cfg.model.fsdp_config, device=device, dtype=rm_cfg.rollout.dtype)
 
     def _scores(self, mb: Batch) -> torch.Tensor:
         ti = last_token_inputs(mb, self.device, self.remove_padding)

@@ -8,6 +8,19 @@ from rlx.workers.base_worker import Worker
 from rlx.workers.group import ResourcePool, WorkerGroup
 
 
+def max_conversation_tokens(cfg: RLXConfig) -> int | None:
+    """The longest conversation the reward model reads (a longer one keeps its end): reward_model.max_length, else
+    the serving length verl would give its reward-model server (rollout.max_model_len, or prompt_length +
+    response_length), else no limit."""
+    rm = cfg.reward_model
+    r = rm.rollout
+    if rm.max_length:
+        return rm.max_length
+    if r.max_model_len:
+        return r.max_model_len
+    return r.prompt_length + r.response_length if r.prompt_length and r.response_length else None
+
+
 def micro_batch_size_per_gpu(cfg: RLXConfig, world_size: int) -> int | None:
     """`reward_model.micro_batch_size_per_gpu`, or verl's derivation from the deprecated global
     `reward_model.micro_batch_size` (divided by the world size)."""
@@ -43,10 +56,11 @@ class RewardModelWorker(Worker):
         rm = self.cfg.reward_model
         m: dict = {}
         with self.measured("reward_model", m):
-            inputs = retemplated(batch, self.actor_tokenizer, self.rm_tokenizer, rm.max_length) \
+            inputs = retemplated(batch, self.actor_tokenizer, self.rm_tokenizer, max_conversation_tokens(self.cfg)) \
                 if self.retemplate else actor_sequences(batch)
-            scores = self.rm.compute_rm_score(inputs, micro_batch_size_per_gpu(self.cfg, self.world_size),
-                                              rm.forward_max_token_len_per_gpu if rm.use_dynamic_bsz else None)
+            micro = micro_batch_size_per_gpu(self.cfg, self.world_size)
+            by_tokens = rm.use_dynamic_bsz or micro is None  # verl 0.9.1's commands give no micro-batch size
+            scores = self.rm.compute_rm_score(inputs, micro, rm.forward_max_token_len_per_gpu if by_tokens else None)
         out = Batch({"rm_scores": place_scores(scores["rm_score"], batch["response_mask"])})
         out.meta = {"metrics": m}
         return out
