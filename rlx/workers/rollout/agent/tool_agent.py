@@ -32,6 +32,11 @@ class ToolAgentLoop(AgentLoop):
         """(the turn's text without its calls, the calls); multi_turn.format picks the parser (hermes)."""
         return PARSERS[self.ctx.multi_turn.format](text)
 
+    def turn_budget(self, remaining: int) -> int:
+        """Tokens the next generation may take: all that is left of the response budget (verl); a subclass may
+        cap a turn."""
+        return remaining
+
     @property
     def schemas(self) -> list[dict]:
         return [tool.tool_schema for tool in self.ctx.tools.values()]
@@ -39,12 +44,11 @@ class ToolAgentLoop(AgentLoop):
     async def run(self, server: Server, *, prompt_ids: list[int], raw_chat: Optional[list[dict]],
                   extra_info: dict, sample_index: int) -> AgentOutput:
         ctx, mt, tok = self.ctx, self.ctx.multi_turn, self.ctx.tokenizer
-        if not raw_chat:
+        if raw_chat is None or len(raw_chat) == 0:
             raise ValueError("the tool_agent loop renders the conversation itself and needs each row's chat "
                              "messages: set data.return_raw_chat=True (rows in verl's format)")
         messages = [dict(m) for m in raw_chat]
-        prompt = list(tok.apply_chat_template(messages, tools=self.schemas or None, add_generation_prompt=True,
-                                              tokenize=True))
+        prompt = self._ids(messages, tools=self.schemas or None, add_generation_prompt=True)
         if len(prompt) > ctx.max_prompt_length:
             raise ValueError(f"a tool_agent prompt (the chat template with the tool schemas) has {len(prompt)} tokens "
                              f"> data.max_prompt_length={ctx.max_prompt_length}; raise data.max_prompt_length")
@@ -56,8 +60,9 @@ class ToolAgentLoop(AgentLoop):
         m = {"assistant_tokens": 0, "tool_tokens": 0, "tool_calls": 0, "tool_errors": 0, "tool_wait_s": 0.0}
         assistant_turns = user_turns = 0
         while len(response) < R:
-            out = await server.generate(Request(prompt + response, R - len(response), sample_index))
-            ids = list(out.token_ids[:R - len(response)])
+            budget = self.turn_budget(R - len(response))
+            out = await server.generate(Request(prompt + response, budget, sample_index))
+            ids = list(out.token_ids[:budget])
             response += ids
             mask += [1] * len(ids)
             lps += list(out.log_probs[:len(ids)]) if out.log_probs is not None else [0.0] * len(ids)
@@ -106,6 +111,12 @@ class ToolAgentLoop(AgentLoop):
         m["tool_errors"] += sum(r.error for r in results)
         return list(results)
 
+    def _ids(self, messages: list[dict], **kwargs) -> list[int]:
+        """The chat template's text for `messages`, tokenized as the dataset tokenizes a prompt."""
+        tok = self.ctx.tokenizer
+        text = tok.apply_chat_template(messages, tokenize=False, **kwargs)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
     # ---- tokens of a tool turn -------------------------------------------------------------------------
     @cached_property
     def _end_ids(self) -> set[int]:
@@ -122,7 +133,7 @@ class ToolAgentLoop(AgentLoop):
         token)."""
         tok = self.ctx.tokenizer
         base = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
-        ids = list(tok.apply_chat_template(base, tokenize=True))
+        ids = self._ids(base)
         ends = [i for i, t in enumerate(ids) if t in self._end_ids]
         if not ends:
             return ids, [], None
@@ -132,7 +143,7 @@ class ToolAgentLoop(AgentLoop):
         tok = self.ctx.tokenizer
         prefix, after_end, end = self._turn_frame
         base = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
-        full = list(tok.apply_chat_template(base + replies, add_generation_prompt=True, tokenize=True))
+        full = self._ids(base + replies, add_generation_prompt=True)
         if full[:len(prefix)] != prefix:
             raise ValueError("the chat template renders an exchange differently once tool messages follow it; "
                              "the tool turn's tokens cannot be isolated (set actor_rollout_ref.model."
@@ -148,14 +159,12 @@ class ToolAgentLoop(AgentLoop):
         tok = self.ctx.tokenizer
         if messages[-1]["role"] == "tool":  # stopped after tools: the trajectory ends before their turn
             return False
-        whole = list(tok.apply_chat_template(messages, tools=self.schemas or None, tokenize=True))
+        whole = self._ids(messages, tools=self.schemas or None)
         got = ids
-        if got and got[-1] not in self._end_ids and whole and whole[-1] != got[-1]:
-            whole = whole[:len(got)]  # cut off by the length limit
         if mode == "ignore_strippable":
-            same = "".join(tok.decode(whole).split()) == "".join(tok.decode(got).split())
-        else:
-            same = whole[:len(got)] == got and len(whole) - len(got) <= len(self._turn_frame[1])
+            same = "".join(tok.decode(whole).split()).startswith("".join(tok.decode(got).split()))
+        else:  # what the rendering adds after the last turn: its end token (when cut off) and the separator
+            same = whole[:len(got)] == got and set(whole[len(got):]) <= self._end_ids | set(self._turn_frame[1])
         if not same:
             logger.debug("tool_agent: the turn-by-turn tokens differ from the whole conversation rendered at once")
         return not same
