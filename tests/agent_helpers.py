@@ -14,12 +14,13 @@ from rlx.workers.rollout.agent.hermes import ToolCall
 from rlx.workers.rollout.agent.tool_agent import ToolAgentLoop
 from rlx.workers.rollout.agent.tools import BaseTool, ToolResponse, function_tool
 
-# A chat template with a tool role for the byte-level tiny tokenizer (EOS "<|eos|>" ends a turn, then a newline).
+# A chat template with a tool role for the byte-level tiny tokenizer (EOS "<|eos|>" ends a turn, then a space);
+# one line without double quotes, so that it passes as a command-line override.
 TEMPLATE = (
-    "{% if tools %}tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}\n{% endif %}"
+    "{% if tools %}tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %} {% endif %}"
     "{% for m in messages %}"
-    "{% if m['role'] == 'tool' %}[tool]{{ m['content'] }}<|eos|>\n"
-    "{% else %}[{{ m['role'] }}]{{ m['content'] }}<|eos|>\n{% endif %}"
+    "{% if m['role'] == 'tool' %}[tool]{{ m['content'] }}<|eos|> "
+    "{% else %}[{{ m['role'] }}]{{ m['content'] }}<|eos|> {% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}[assistant]{% endif %}")
 
