@@ -331,3 +331,22 @@ def test_multi_turn_grpo_through_the_entry_point(tmp_path):
     assert last["agent/tool_tokens/mean"] > 0 and last["agent/tool_errors/mean"] == 0.0
     assert "actor/pg_loss" in last and "training/rollout_probs_diff_mean" in last
     assert last["training/rollout_probs_diff_mean"] < 1e-3
+
+
+def test_prepare_gsm8k_multi_turn_rows_and_the_recipes_tool_config(tmp_path):
+    import pyarrow.parquet as pq
+
+    (tmp_path / "train.jsonl").write_text(json.dumps({"question": "2+3?", "answer": "so 5\n#### 5"}) + "\n")
+    subprocess.run([sys.executable, "scripts/prepare_gsm8k.py", "--multi-turn", "--input_dir", str(tmp_path),
+                    "--output_dir", str(tmp_path / "out")], cwd=REPO, check=True, capture_output=True)
+    row = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()[0]
+    assert row["agent_name"] == "tool_agent"
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+    assert row["extra_info"]["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "5"}}}
+    tools = load_tools(os.path.join(REPO, "scripts", "config", "gsm8k_tool_config.yaml"), None)
+    tool = tools["calc_gsm8k_reward"]
+
+    async def run():
+        return await call_tool(tool, {"answer": "5"}, row["extra_info"]["tools_kwargs"], 5.0)
+
+    assert asyncio.run(run()).text == "Current parsed answer='5' reward=1.0"
