@@ -350,3 +350,18 @@ def test_prepare_gsm8k_multi_turn_rows_and_the_recipes_tool_config(tmp_path):
         return await call_tool(tool, {"answer": "5"}, row["extra_info"]["tools_kwargs"], 5.0)
 
     assert asyncio.run(run()).text == "Current parsed answer='5' reward=1.0"
+
+
+@pytest.mark.parametrize("override,named", [
+    ("actor_rollout_ref.rollout.name=sglang", "name=sglang"),
+    ("actor_rollout_ref.rollout.mode=fast", "rollout.mode='fast'"),
+    ("actor_rollout_ref.rollout.multi_turn.format=qwen", "multi_turn.format='qwen'"),
+    ("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true", "use_inference_chat_template"),
+    ("actor_rollout_ref.rollout.agent.default_agent_loop=react", "default_agent_loop='react'"),
+])
+def test_agent_keys_refused_by_name(override, named):
+    from conftest import load_config
+
+    with pytest.raises(ValueError) as e:
+        load_config([override])
+    assert named in str(e.value), str(e.value)
