@@ -11,6 +11,12 @@ weights rarely emit EOS: nearly every response is 1024 tokens, the same work for
 offloaded, everything else at the GSM8K recipe's values (scripts/run_grpo_gsm8k.sh). --vllm-steps (2) and
 --hf-steps (1) steps; each job ends with a greedy validation on 8 prompts (outside the step).
 
+`--rollouts vllm,vllm-async` runs the same job with the sync rollout and with the agent loop (rollout.mode=async,
+single_turn_agent) on the same engine. `--multi-turn T` makes every job multi-turn: the tool agent of
+tests/agent_helpers.py (a random-weight model writes no tool call, so it calls a probe tool after each turn), T
+assistant turns of up to --turn-tokens tokens each, so with the defaults (T=8, 1024) a trajectory holds ~8.5k
+tokens (the model's and the tools'); --response must hold them (e.g. --response 9216).
+
 Printed: each job's per-step phase view (`python -m rlx.trainer.phases`), then one table: seconds per phase (weight
 sync, wake, generate, sleep, old log-prob, ref, update, the step; mean over the steps after the first when there are
 several, else the one step), generated tokens per second, GPU memory in use after each phase (device-wide, GiB), and
@@ -46,12 +52,39 @@ ROWS = [  # (label, metric)
     ("step", "timing_s/step"),
     ("generated tokens/s", "perf/rollout/generated_tokens_per_s"),
     ("mean response length", "response_length/mean"),
+    ("turns per trajectory", "agent/num_turns/mean"),
+    ("tool tokens per trajectory", "agent/tool_tokens/mean"),
+    ("tool wait s per trajectory", "agent/tool_wait_s/mean"),
 ]
 MEMORY = ("sync", "wake", "generate", "sleep", "old_log_prob", "ref", "update_actor")
 
 
+def engine_of(rollout: str) -> str:
+    return rollout.split("-")[0]
+
+
+def agent_overrides(a, rollout: str, out: str) -> list[str]:
+    """rollout `<engine>-async`: the agent loop; --multi-turn: the forced tool agent of tests/agent_helpers.py."""
+    keys = [f"actor_rollout_ref.rollout.mode={'async' if rollout.endswith('-async') else 'sync'}"]
+    if not a.multi_turn:
+        return keys
+    import agent_helpers
+
+    os.makedirs(out, exist_ok=True)
+    loops = os.path.join(out, "loops.yaml")
+    with open(loops, "w") as f:
+        f.write(f"- name: forced_tool_agent\n  _target_: agent_helpers.ForcedToolAgent\n"
+                f"  turn_tokens: {a.turn_tokens}\n")
+    r = "actor_rollout_ref.rollout"
+    return keys + ["data.return_raw_chat=True", "data.max_prompt_length=64",
+                   f'actor_rollout_ref.model.custom_chat_template="{agent_helpers.TEMPLATE}"',
+                   f"{r}.multi_turn.enable=True", f"{r}.multi_turn.max_assistant_turns={a.multi_turn}",
+                   f"{r}.multi_turn.function_tool_path={agent_helpers.__file__}",
+                   f"{r}.agent.default_agent_loop=forced_tool_agent", f"{r}.agent.agent_loop_config_path={loops}"]
+
+
 def job_overrides(a, rollout: str, model: str, out: str) -> list[str]:
-    steps = a.vllm_steps if rollout == "vllm" else a.hf_steps
+    steps = a.vllm_steps if engine_of(rollout) == "vllm" else a.hf_steps
     return [
         "algorithm.adv_estimator=grpo",
         f"data.train_files=synthetic://digits/size:{a.prompts * steps}/seed:0",
@@ -79,7 +112,7 @@ def job_overrides(a, rollout: str, model: str, out: str) -> list[str]:
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
         "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-        f"actor_rollout_ref.rollout.name={rollout}",
+        f"actor_rollout_ref.rollout.name={engine_of(rollout)}",
         f"actor_rollout_ref.rollout.enforce_eager={a.smoke}",  # CUDA graphs on a GPU (verl's default)
         f"actor_rollout_ref.rollout.n={a.n}",
         "actor_rollout_ref.rollout.temperature=1.0",
@@ -95,7 +128,7 @@ def job_overrides(a, rollout: str, model: str, out: str) -> list[str]:
         "trainer.save_freq=-1",
         "trainer.logger=[console,file]",
         f"trainer.default_local_dir={out}",
-    ]
+    ] + agent_overrides(a, rollout, out)
 
 
 def run_job(overrides: list[str]) -> tuple[list[dict], float]:
@@ -144,7 +177,11 @@ def main() -> int:
     p.add_argument("--response", type=int, default=1024)
     p.add_argument("--vllm-steps", type=int, default=2)
     p.add_argument("--hf-steps", type=int, default=1)
-    p.add_argument("--rollouts", default="vllm,hf", help="comma-separated, run in this order")
+    p.add_argument("--rollouts", default="vllm,hf", help="comma-separated, run in this order; <engine>-async: the "
+                   "same engine under the agent loop (rollout.mode=async)")
+    p.add_argument("--multi-turn", type=int, default=0, help="assistant turns of the forced tool agent (0: single "
+                   "turn)")
+    p.add_argument("--turn-tokens", type=int, default=1024, help="tokens per assistant turn with --multi-turn")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--target", type=float, default=10.0, help="vLLM/HF generated tokens/s to reach")
     p.add_argument("--smoke", action="store_true", help="a CPU check of this script: the built-in tiny model, "
@@ -154,6 +191,11 @@ def main() -> int:
         a.model_dir = a.model_dir or "builtin://tiny-qwen2"
         a.prompts, a.n, a.response = (4 if a.prompts == 64 else a.prompts), (2 if a.n == 5 else a.n), \
             (16 if a.response == 1024 else a.response)
+
+    if a.multi_turn:  # the forced tool agent lives with the tests; Ray's workers inherit PYTHONPATH
+        tests = os.path.join(ROOT, "tests")
+        sys.path.insert(0, tests)
+        os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, tests, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 
     import torch
 
@@ -186,7 +228,7 @@ def main() -> int:
         print(f"\n--- {rollout}: per-step phases (python -m rlx.trainer.phases {out}/{rollout}/logs/metrics.jsonl)")
         print(render(records), flush=True)
 
-    steps = {r: (a.vllm_steps if r == "vllm" else a.hf_steps) for r in results}
+    steps = {r: (a.vllm_steps if engine_of(r) == "vllm" else a.hf_steps) for r in results}
     print(f"\n### GRPO job, {device}, vLLM {vllm_version}, torch {torch.__version__}")
     model_label = a.model_dir or "Qwen2.5-0.5B dims (random bf16 weights)"
     print(f"{model_label}, {a.prompts} prompts x n={a.n}, responses up to {a.response} "

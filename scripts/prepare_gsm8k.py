@@ -4,6 +4,11 @@
     python scripts/prepare_gsm8k.py --input_dir ../shared/data/gsm8k --output_dir ~/data/gsm8k
 
 Writes ``train.parquet`` and ``test.parquet`` (for each split whose jsonl exists). Nothing is downloaded.
+
+With ``--multi-turn`` the rows are verl's tool-agent rows: a system message telling the model to check its answer
+with the ``calc_gsm8k_reward`` tool, ``agent_name: tool_agent``, and
+``extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs.ground_truth`` (the tool's ground truth), for
+``scripts/run_grpo_gsm8k_tool.sh`` (docs/agent.md).
 """
 from __future__ import annotations
 
@@ -15,6 +20,10 @@ import sys
 
 INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
 DATA_SOURCE = "openai/gsm8k"
+TOOL_NAME = "calc_gsm8k_reward"
+TOOL_SYSTEM = ("Solve the math problem step by step. When you have an answer, submit it with the "
+               f"`{TOOL_NAME}` tool to learn whether it is right, and revise it if needed. End with the final "
+               "answer written as `#### <answer>`.")
 
 
 def extract_answer(answer: str) -> str:
@@ -24,17 +33,24 @@ def extract_answer(answer: str) -> str:
     return match.group(1).replace(",", "").strip()
 
 
-def convert_rows(records: list[dict], split: str) -> list[dict]:
+def convert_rows(records: list[dict], split: str, multi_turn: bool = False) -> list[dict]:
     rows = []
     for idx, rec in enumerate(records):
         question, answer = rec["question"], rec["answer"]
-        rows.append({
+        truth = extract_answer(answer)
+        row = {
             "data_source": DATA_SOURCE,
             "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
             "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": extract_answer(answer)},
+            "reward_model": {"style": "rule", "ground_truth": truth},
             "extra_info": {"split": split, "index": idx, "answer": answer, "question": question},
-        })
+        }
+        if multi_turn:
+            row["prompt"] = [{"role": "system", "content": TOOL_SYSTEM}] + row["prompt"]
+            row["agent_name"] = "tool_agent"
+            row["extra_info"].update(need_tools_kwargs=True,
+                                     tools_kwargs={TOOL_NAME: {"create_kwargs": {"ground_truth": truth}}})
+        rows.append(row)
     return rows
 
 
@@ -47,6 +63,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input_dir", required=True, help="directory with train.jsonl and/or test.jsonl")
     parser.add_argument("--output_dir", "--local_dir", required=True, help="where to write the parquet files")
+    parser.add_argument("--multi-turn", "--multi_turn", action="store_true",
+                        help="verl's tool-agent rows (agent_name, extra_info.tools_kwargs) for the GSM8K tool recipe")
     args = parser.parse_args(argv)
 
     import pyarrow as pa
@@ -59,7 +77,7 @@ def main(argv=None) -> int:
         if not os.path.exists(src):
             print(f"[prepare_gsm8k] {src} not found; skipping the {split} split", file=sys.stderr)
             continue
-        rows = convert_rows(read_jsonl(src), split)
+        rows = convert_rows(read_jsonl(src), split, multi_turn=args.multi_turn)
         os.makedirs(output_dir, exist_ok=True)
         dst = os.path.join(output_dir, f"{split}.parquet")
         pq.write_table(pa.Table.from_pylist(rows), dst)

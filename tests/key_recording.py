@@ -131,6 +131,35 @@ def fake_vllm_module():
     return vllm
 
 
+def agent_multi_turn(worker, work: str) -> None:
+    import copy
+
+    import torch
+
+    import agent_helpers
+    from rlx.protocol import Batch
+    from rlx.workers.rollout.agent.runner import AgentRollout
+
+    loops = os.path.join(work, "loops.yaml")
+    with open(loops, "w") as f:
+        f.write("- name: forced\n  _target_: agent_helpers.ForcedToolAgent\n  turn_tokens: 2\n")
+    r = worker.cfg.actor_rollout_ref.rollout
+    multi_turn = dataclasses.replace(r.multi_turn, enable=True, max_assistant_turns=3, max_user_turns=2,
+                                     function_tool_path=agent_helpers.__file__)
+    agent = dataclasses.replace(r.agent, agent_loop_config_path=loops)
+    rollout_cfg = dataclasses.replace(r, mode="async", multi_turn=multi_turn, agent=agent)
+    tok = copy.deepcopy(worker.tokenizer)
+    tok.chat_template = agent_helpers.TEMPLATE
+    runner = AgentRollout(worker.rollout, "hf", tok, rollout_cfg, max_prompt_length=64, max_response_length=48,
+                          pad_token_id=tok.pad_token_id)
+    ids = torch.tensor([tok.encode("1 2 ->", add_special_tokens=False)])
+    batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                  {"raw_chat": [[{"role": "user", "content": "1 2 ->"}]], "agent_name": ["forced"],
+                   "extra_info": [{}]}, meta={"n": 1, "do_sample": True, "temperature": 1.0, "seed": 0})
+    out = runner.generate_sequences(batch)
+    assert out.meta["agent_metrics"]["agent/tool_calls/mean"] > 0
+
+
 def main(out_path: str) -> None:
     import ray
     import torch
@@ -223,6 +252,8 @@ def main(out_path: str) -> None:
     trainer.rm = RewardModelGroup(InProcessPool(1, 1, "cpu", 1), rm_cfg)
     trainer.rm.init_model()
     trainer.score(trainer.generate(trainer.train_loader.next_batch(), validate=False), {})
+    # the agent loop (rollout.mode=async, multi_turn.*) on the worker's HF rollout: a tool_agent that calls a tool
+    agent_multi_turn(trainer.actor.worker, work)
 
     # the vLLM rollout of the same worker, with a stand-in engine: as on this CPU, then as on a GPU
     sys.modules["vllm"] = fake_vllm_module()

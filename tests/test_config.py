@@ -178,7 +178,7 @@ def test_group_estimators_need_n_ge_2(estimator):
     ("data.truncation=drop", "data.truncation"),
     ("trainer.device=tpu", "trainer.device"),
     ("trainer.logger=[console,mlflow]", "trainer.logger"),
-    ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name"),
+    ("actor_rollout_ref.rollout.name=trtllm", "actor_rollout_ref.rollout.name"),
 ])
 def test_unknown_choices(override, key):
     msg = err(override)

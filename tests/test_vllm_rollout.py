@@ -295,3 +295,21 @@ def test_two_gloo_ranks(tmp_path):
         res = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert torch.equal(res["vllm"], res["hf"]), (rank, res)
         assert res["fsdp1_ok"], rank
+
+
+def test_async_single_turn_equals_sync(state):
+    """rollout.mode=async on the same engine: the agent loop's requests, added one by one to vLLM's engine and
+    stepped from the event loop, give the sync path's greedy responses, and with a seed its sampled ones."""
+    from rlx.workers.rollout.agent.runner import AgentRollout
+
+    agent = AgentRollout(state.rollout, "vllm", state.tokenizer, rollout_cfg(mode="async"), P, R, PAD)
+    greedy = dict(n=1, do_sample=False)
+    sync = state.rollout.generate_sequences(prompt_batch(state.ids, state.mask, **greedy))
+    out = agent.generate_sequences(prompt_batch(state.ids, state.mask, **greedy))
+    for key in ("responses", "response_mask", "attention_mask", "input_ids", "position_ids"):
+        assert torch.equal(out[key], sync[key]), key
+    sampled = agent.generate_sequences(prompt_batch(state.ids, state.mask, **state.meta))
+    assert torch.equal(sampled["responses"], state.fresh["responses"])  # the sync path's seeds, per row
+    diff = rollout_probs_diff(sampled["rollout_log_probs"], actor_log_probs(state.actor, sampled, TEMPERATURE),
+                              sampled["response_mask"])
+    assert diff["training/rollout_probs_diff_mean"] < 1e-3, diff

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlx.config.agent import AgentLoopConfig, MultiTurnConfig
 from rlx.config.offload import ActivationOffloadConfig
 from rlx.config.reward import ENGINE_ONLY, RewardModelRolloutConfig, RewardSection, SandboxFusionConfig
 
@@ -324,7 +325,8 @@ class RolloutConfig:
     name: str = "auto"
     """Rollout engine: vllm | hf | auto (vllm when it imports, else hf, with one log line)."""
     mode: str = "sync"
-    """verl key: only sync rollout is supported."""
+    """sync: one batched generate call per step | async: verl's agent loop, every trajectory its own coroutine
+    whose requests go to the engine concurrently (rollout.agent.*; rollout.multi_turn.enable runs it too)."""
     temperature: float = 1.0
     """Sampling temperature."""
     top_k: int = -1
@@ -385,6 +387,10 @@ class RolloutConfig:
     """Extra keyword arguments for the engine, under vllm (verl's other engines' entries must stay empty)."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     """Sampling during validation."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn tool calling (the tool_agent loop)."""
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    """The agent loop of rollout.mode=async."""
 
 
 @dataclass
@@ -734,7 +740,10 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.ref.fsdp_config.fsdp_size": -1,
     "actor_rollout_ref.ref.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": False,  # the ref has no optimizer
-    "actor_rollout_ref.rollout.mode": "sync",
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": False,
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": None,
+    "actor_rollout_ref.rollout.agent.custom_async_server.path": None,
+    "actor_rollout_ref.rollout.agent.custom_async_server.name": None,
     "actor_rollout_ref.rollout.layered_summon": False,
     "critic.model.use_shm": False,
     "critic.model.lora_rank": 0,
@@ -792,6 +801,8 @@ NO_OP_BY_DESIGN: dict[str, str] = {
        for k in ENGINE_ONLY},
     "data.dataloader_num_workers": "loader speed only: rlx tokenizes every prompt once, up front, in the driver",
     "data.filter_overlong_prompts_workers": "speed only: the filter runs in the driver and drops the same prompts",
+    "actor_rollout_ref.rollout.agent.num_workers": "speed only: verl's count of agent-loop processes; rlx runs every "
+                                                   "trajectory of a rank concurrently in one event loop",
     "actor_rollout_ref.actor.use_torch_compile": "speed only: rlx never compiles, whatever the value",
     "actor_rollout_ref.ref.use_torch_compile": "speed only: rlx never compiles, whatever the value",
     # the critic's LoRA details are inert in verl too while its lora_rank is 0; that key is refused (NOT_SUPPORTED),
@@ -823,8 +834,9 @@ VERL_DEFAULT_EXCEPTIONS: dict[str, tuple[Any, Any, str]] = {
         "auto", "???", "verl has no default (it must be given); auto picks vllm when it imports, else hf: the engine "
         "changes speed, not the sampling distribution"),
     "actor_rollout_ref.rollout.mode": (
-        "sync", "async", "rlx generates with a colocated engine in sync mode only (async is refused); for a "
-        "single-turn rollout that changes scheduling, not what is sampled"),
+        "sync", "async", "both modes run (async: verl's agent loop, needed for multi-turn, which turns it on "
+        "itself); for a single-turn rollout they sample the same distribution; sync stays the default until async is measured at least as "
+        "fast on the GPU job"),
     "trainer.device": (
         "auto", "cuda", "auto is cuda when the driver sees a GPU (verl's value) and cpu otherwise, where verl cannot "
         "run at all"),

@@ -13,7 +13,7 @@ from rlx.algos.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES
 from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, RLXConfig
 
 STRATEGIES = ("fsdp", "fsdp2")
-ROLLOUT_NAMES = ("auto", "vllm", "hf")
+ROLLOUT_NAMES = ("auto", "vllm", "hf")  # sglang: refused by name (_check_agent)
 TRUNCATIONS = ("error", "left", "right", "middle")
 LOGGERS = ("console", "file", "tensorboard", "wandb")
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
@@ -347,7 +347,8 @@ def _check_algorithm(cfg, errors):
 
 def _check_rollout(cfg, errors):
     r = cfg.actor_rollout_ref.rollout
-    _choice(errors, "actor_rollout_ref.rollout.name", r.name, ROLLOUT_NAMES)
+    if r.name != "sglang":  # named in _check_agent
+        _choice(errors, "actor_rollout_ref.rollout.name", r.name, ROLLOUT_NAMES)
     if r.name == "vllm" and importlib.util.find_spec("vllm") is None:
         from rlx.config.device import VLLM_INSTALL_HINT
         errors.append(f"actor_rollout_ref.rollout.name=vllm but vLLM is not installed. {VLLM_INSTALL_HINT} "
@@ -409,6 +410,45 @@ def _check_reward_model(cfg, errors):
         _choice(errors, "reward_model.rollout.dtype", rm.rollout.dtype, ROLLOUT_DTYPES)
     if rm.max_length is not None and rm.max_length <= 0:
         errors.append(f"reward_model.max_length={rm.max_length} must be positive (or null).")
+AGENT_LOOPS = ("single_turn_agent", "tool_agent")  # the built-in ones (rlx.workers.rollout.agent)
+TOOL_FORMATS = ("hermes",)
+TRUNCATE_SIDES = ("left", "middle", "right")
+SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
+
+
+def _check_agent(cfg, errors):
+    """rollout.mode, rollout.agent.* and rollout.multi_turn.* (docs/agent.md)."""
+    from rlx.config.agent import uses_agent_loop
+
+    r, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout"
+    if r.name == "sglang":
+        errors.append(f"{key}.name=sglang: rlx serves vLLM (and HF generate), not SGLang; verl's multi-turn configs "
+                      f"run on vLLM here with the same keys. Fix: {key}.name=vllm.")
+    _choice(errors, f"{key}.mode", r.mode, ("sync", "async"))
+    agent, mt = r.agent, r.multi_turn
+    if not agent.agent_loop_config_path and agent.default_agent_loop not in AGENT_LOOPS:
+        errors.append(f"{key}.agent.default_agent_loop={agent.default_agent_loop!r} is not a built-in agent loop "
+                      f"{list(AGENT_LOOPS)}; register it with {key}.agent.agent_loop_config_path or pick one of those.")
+    for k in ("agent.agent_loop_config_path", "multi_turn.tool_config_path", "multi_turn.function_tool_path"):
+        path = _get(r, k)
+        if path and not os.path.isfile(os.path.expanduser(path)):
+            errors.append(f"{key}.{k}={path!r} is not a file; give the path of an existing file.")
+    _choice(errors, f"{key}.multi_turn.format", mt.format, TOOL_FORMATS)
+    _choice(errors, f"{key}.multi_turn.tool_response_truncate_side", mt.tool_response_truncate_side, TRUNCATE_SIDES)
+    _choice(errors, f"{key}.multi_turn.tokenization_sanity_check_mode", mt.tokenization_sanity_check_mode,
+            SANITY_CHECK_MODES)
+    _positive(errors, f"{key}.multi_turn.max_parallel_calls", mt.max_parallel_calls)
+    _positive(errors, f"{key}.multi_turn.max_tool_response_length", mt.max_tool_response_length)
+    if not (isinstance(mt.tool_timeout_s, (int, float)) and mt.tool_timeout_s > 0):
+        errors.append(f"{key}.multi_turn.tool_timeout_s={mt.tool_timeout_s!r} must be a positive number of seconds.")
+    for k in ("max_assistant_turns", "max_user_turns"):
+        v = getattr(mt, k)
+        if v is not None and (not isinstance(v, int) or v < 1):
+            errors.append(f"{key}.multi_turn.{k}={v!r} must be a positive integer or null (no limit).")
+    tools_wanted = mt.enable or agent.default_agent_loop == "tool_agent"
+    if uses_agent_loop(r) and tools_wanted and not cfg.data.return_raw_chat:
+        errors.append(f"the tool_agent loop renders each row's chat itself and needs data.return_raw_chat=True "
+                      f"(got False). Fix: data.return_raw_chat=True.")
 
 
 def _check_reward(cfg, errors):
@@ -557,6 +597,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_lora(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_rollout(cfg, errors)
+    _check_agent(cfg, errors)
     _check_reward(cfg, errors)
     _check_reward_model(cfg, errors)
     _check_data_trainer(cfg, errors)

@@ -7,7 +7,8 @@ Row format (one row per prompt)::
     prompt        list of chat messages    [{"role": "user", "content": "..."}]   (`data.prompt_key`)
     ability       str                      (unused here)
     reward_model  {"style": "rule", "ground_truth": ...}
-    extra_info    dict                     passed to the reward function
+    extra_info    dict                     passed to the reward function (and `tools_kwargs` to the tools)
+    agent_name    str, optional            the agent loop of the row (rollout.mode=async), e.g. tool_agent
 
 A "file" may also be ``synthetic://<task>?size=N&seed=S`` (see :mod:`rlx.data.synthetic`).
 """
@@ -27,7 +28,7 @@ from rlx.protocol import Batch
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
-NON_TENSOR_KEYS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "index")
+NON_TENSOR_KEYS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "index", "agent_name")
 
 
 def _as_list(files) -> list[str]:
@@ -135,6 +136,7 @@ class RLDataset:
                 "extra_info": dict(extra) if isinstance(extra, dict) else {"value": extra},
                 "raw_prompt": text,
                 "index": len(self._items),
+                "agent_name": row.get("agent_name"),  # verl's column: the agent loop of the row (mode=async)
             }
             if self.return_raw_chat:
                 item["raw_chat"] = _plain(row[self.prompt_key])

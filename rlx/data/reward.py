@@ -159,7 +159,10 @@ class RewardManager:
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
         responses = batch.tensors["responses"]
-        mask = batch.tensors["response_mask"]
+        # the response's tokens in the sequence (verl: the attention mask): with tools, their replies too, which
+        # the response mask leaves out of the loss; the score goes on the last one (always the model's)
+        attention = batch.tensors.get("attention_mask")
+        mask = attention[:, -responses.shape[1]:] if attention is not None else batch.tensors["response_mask"]
         bsz = responses.shape[0]
         scores = torch.zeros(responses.shape, dtype=torch.float32)
         sources = batch.non_tensors["data_source"]

@@ -238,7 +238,8 @@ class RayPPOTrainer:
         sampling = (dict(n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k)
                     if validate else
                     dict(n=r.n, do_sample=r.do_sample, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k))
-        gen_in = prompts.select("input_ids", "attention_mask", "position_ids")
+        # the agent loop (rollout.mode=async) also reads each row's chat, extra_info (tools_kwargs) and agent_name
+        gen_in = prompts.select("input_ids", "attention_mask", "position_ids", "raw_chat", "extra_info", "agent_name")
         gen_in.meta = dict(sampling, seed=r.seed + self.global_step)
         tp = r.tensor_model_parallel_size if self.rollout_name == "vllm" else 1
         out = self.actor.generate(gen_in, tp=tp)

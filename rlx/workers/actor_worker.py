@@ -36,6 +36,7 @@ class ActorRolloutRefWorker(Worker):
                                    **common)
         self.rollout_name = rollout_name
         self.rollout = self._build_rollout(rollout_name)
+        self.agent = self._build_agent_rollout()
 
     def _build_rollout(self, name: str):
         from transformers import AutoTokenizer
@@ -62,6 +63,19 @@ class ActorRolloutRefWorker(Worker):
                              dtype=getattr(torch, dtype), calculate_log_probs=arr.rollout.calculate_log_probs,
                              trust_remote_code=arr.model.trust_remote_code, ignore_eos=arr.rollout.ignore_eos)
 
+    def _build_agent_rollout(self):
+        """The agent loop over this rank's engine (rollout.mode=async or multi_turn.enable), else None."""
+        from rlx.config.agent import uses_agent_loop
+
+        arr, data = self.cfg.actor_rollout_ref, self.cfg.data
+        if not uses_agent_loop(arr.rollout):
+            return None
+        from rlx.workers.rollout.agent.runner import AgentRollout
+
+        return AgentRollout(self.rollout, self.rollout_name, self.tokenizer, arr.rollout,
+                            max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length,
+                            pad_token_id=self.tokenizer.pad_token_id)
+
     # ---- the steps the driver calls ----------------------------------------------------------------------
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Sync the FSDP weights into the rollout engine, generate, free the engine's cache. The result's
@@ -78,7 +92,8 @@ class ActorRolloutRefWorker(Worker):
         if self.rollout_name == "hf":  # the vLLM rollout derives per-data-parallel-rank seeds itself (TP-aware)
             prompts.meta = dict(prompts.meta, seed=int(prompts.meta.get("seed", 0)) * 1000 + self.rank)
         with self.measured("generate", m, "rollout/generate"):
-            out = self.rollout.generate_sequences(prompts)
+            out = (self.agent if self.agent is not None else self.rollout).generate_sequences(prompts)
+        m.update(out.meta.pop("agent_metrics", {}))
         with self.measured("sleep", m, "rollout/sleep"):
             self.rollout.release()
         m["perf/rollout/generated_tokens_per_s"] = float(out["response_mask"].sum()) / max(

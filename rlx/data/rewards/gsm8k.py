@@ -1,4 +1,5 @@
-"""GSM8K reward, verl's "strict" style: the answer is the number after the LAST ``####`` in the response."""
+"""GSM8K reward. verl's "strict" method: the answer is the number after the LAST ``####`` in the response;
+"flexible" (verl's GSM8K tool): the last number anywhere in it."""
 from __future__ import annotations
 
 import re
@@ -20,12 +21,23 @@ def extract_solution(solution_str: str) -> str | None:
     return _normalise(found[-1]) if found else None
 
 
+_NUMBER = re.compile(r"-?[0-9.,]+")
+
+
+def extract_flexible(solution_str: str) -> str | None:
+    """The normalised last number of the text (a lone "." is not a number), or None."""
+    for found in reversed(_NUMBER.findall(solution_str[-_CLIP_CHARS:])):
+        if found not in ("", ".") and any(c.isdigit() for c in found):
+            return _normalise(found)
+    return None
+
+
 def compute_score(solution_str: str, ground_truth, method: str = "strict", format_score: float = 0.0,
                   score: float = 1.0, **_) -> float:
     """``score`` for the right answer, ``format_score`` for a wrong ``#### <number>`` answer, else 0."""
-    if method != "strict":
-        raise ValueError(f"gsm8k compute_score: only method='strict' is implemented (got {method!r})")
-    answer = extract_solution(solution_str)
+    if method not in ("strict", "flexible"):
+        raise ValueError(f"gsm8k compute_score: method must be 'strict' or 'flexible' (got {method!r})")
+    answer = extract_solution(solution_str) if method == "strict" else extract_flexible(solution_str)
     if answer is None:
         return 0.0
     truth = _normalise(str(ground_truth))

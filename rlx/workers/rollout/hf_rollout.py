@@ -57,10 +57,38 @@ class HFRollout:
         return assemble_output(ids, mask, torch.cat(responses), self.eos_token_id, self.pad_token_id,
                                torch.cat(log_probs) if self.calculate_log_probs else None, ignore_eos=self.ignore_eos)
 
-    def _generate(self, ids, mask, do_sample, temperature, top_k, top_p, gen):
+    @torch.no_grad()
+    def generate_ids(self, prompts: list[list[int]], max_new_tokens: list[int], meta: dict, gen: torch.Generator,
+                     pad_to: int = 0) -> list[tuple[list[int], list[float]]]:
+        """One batch of requests of the agent loop: prompts of any lengths (left-padded here to at least `pad_to`, as
+        the sync path's batch is), each with its own token budget; per row the generated ids up to and including
+        the first EOS (all of them with ignore_eos) and their log-probs."""
+        do_sample, temperature = bool(meta.get("do_sample", True)), float(meta.get("temperature", 1.0))
+        if temperature <= 0:
+            do_sample = False
+        width = max([pad_to] + [len(p) for p in prompts])
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if p:
+                ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+                mask[i, width - len(p):] = 1
+        out, lps = self._generate(ids, mask, do_sample, temperature, int(meta.get("top_k", -1)),
+                                  float(meta.get("top_p", 1.0)), gen, max_new_tokens=max(max_new_tokens))
+        eos = set(self.eos_token_id if isinstance(self.eos_token_id, list) else [self.eos_token_id])
+        rows = []
+        for i, budget in enumerate(max_new_tokens):
+            toks = out[i, :budget].tolist()
+            if not self.ignore_eos:
+                end = next((t for t, tok in enumerate(toks) if tok in eos), None)
+                toks = toks if end is None else toks[:end + 1]
+            rows.append((toks, lps[i, :len(toks)].tolist()))
+        return rows
+
+    def _generate(self, ids, mask, do_sample, temperature, top_k, top_p, gen, max_new_tokens=None):
         """Sampling loop with an explicit generator (reproducible per rank) and a KV cache."""
         ids, mask = ids.to(self.device), mask.to(self.device)
-        B, R = ids.shape[0], self.max_response_length
+        B, R = ids.shape[0], max_new_tokens or self.max_response_length
         out = torch.full((B, R), self.pad_token_id, dtype=torch.long, device=self.device)
         lps = torch.zeros((B, R), dtype=torch.float32, device=self.device)
         eos = torch.tensor(self.eos_token_id if isinstance(self.eos_token_id, list) else [self.eos_token_id],

@@ -387,6 +387,17 @@ class VLLMRollout:
                       for i in range(n_prompts)]
         return params, n, False, calc_lp
 
+    def request_params(self, meta: dict, max_tokens: int, row: int):
+        """Sampling parameters of one agent-loop request for the trajectory in row `row` (= i * n + j) of this rank's
+        batch: the same seed as the sync path gives sample j of prompt i, and the request's own token budget."""
+        params, _, greedy, _ = self._sampling_params(dict(meta, n=1), 1)
+        p = params[0].clone()
+        p.max_tokens = int(max_tokens)
+        seed = meta.get("seed", None)
+        if not greedy and seed is not None:
+            p.seed = int(seed) + 1_000_003 * self.dp_rank + int(row)
+        return p
+
     @torch.no_grad()
     def generate_sequences(self, prompts: Batch) -> Batch:
         from vllm.inputs import TokensPrompt

@@ -1,0 +1,214 @@
+"""Tools: verl's two contracts, its YAML, and one guarded way to call a tool.
+
+* `BaseTool` (verl's stateful contract): `create(instance_id, **kwargs)` per call, `execute(instance_id, parameters)`
+  -> (ToolResponse | str, reward, metrics), `release(instance_id)`. Listed in `multi_turn.tool_config_path`:
+      tools:
+        - class_name: rlx.workers.rollout.agent.gsm8k_tool.Gsm8kTool   (verl's class paths of its own tools map
+          config: {type: native}                                         to rlx's, see VERL_TOOL_CLASSES)
+          tool_schema: {type: function, function: {name: ..., description: ..., parameters: {...}}}
+* `function_tool`: a plain (sync or async) function in the file `multi_turn.function_tool_path`; its OpenAI schema
+  comes from the signature and the docstring's `Args:` lines. It returns a str, a ToolResponse, a dict (sent as
+  JSON) or (text, reward).
+
+`call_tool` runs one call: a tool that raises, hangs past the timeout or returns nonsense yields an error text for
+the model and `error=True`, never an exception. A hung synchronous function keeps its thread until it returns
+(Python cannot stop a thread); the trajectory goes on without it.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+VERL_TOOL_CLASSES = {"verl.tools.gsm8k_tool.Gsm8kTool": "rlx.workers.rollout.agent.gsm8k_tool.Gsm8kTool"}
+
+
+@dataclass
+class ToolResponse:
+    text: Optional[str] = None
+
+
+class BaseTool:
+    def __init__(self, config: dict, tool_schema: dict):
+        self.config = dict(config or {})
+        self.tool_schema = tool_schema
+        self.name = tool_schema["function"]["name"]
+
+    async def create(self, instance_id: Optional[str] = None, **kwargs) -> tuple[str, ToolResponse]:
+        return instance_id or uuid.uuid4().hex, ToolResponse()
+
+    async def execute(self, instance_id: str, parameters: dict, **kwargs) -> tuple[Any, float, dict]:
+        raise NotImplementedError
+
+    async def release(self, instance_id: str, **kwargs) -> None:
+        pass
+
+
+class FunctionTool:
+    """A plain function as a tool (stateless: no create/release)."""
+
+    def __init__(self, fn: Callable, schema: dict):
+        self.fn, self.tool_schema, self.name = fn, schema, schema["function"]["name"]
+
+    async def call(self, parameters: dict):
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(**parameters)
+        return await asyncio.to_thread(self.fn, **parameters)
+
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+
+
+def function_tool(fn: Callable) -> Callable:
+    """Mark `fn` as a tool of a `function_tool_path` file; its schema is built from the signature and docstring."""
+    fn.__rlx_tool__ = True
+    return fn
+
+
+def function_schema(fn: Callable) -> dict:
+    doc = inspect.getdoc(fn) or ""
+    arg_docs = dict(re.findall(r"^\s+(\w+)\s*(?:\([^)]*\))?:\s*(.+)$", doc.split("Args:", 1)[1], re.M)) \
+        if "Args:" in doc else {}
+    props, required = {}, []
+    for name, p in inspect.signature(fn).parameters.items():
+        ann = p.annotation if p.annotation is not inspect.Parameter.empty else str
+        if isinstance(ann, str):
+            ann = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}.get(ann, str)
+        props[name] = {"type": _JSON_TYPES.get(ann, "string"), "description": arg_docs.get(name, "")}
+        if p.default is inspect.Parameter.empty:
+            required.append(name)
+    description = doc.split("Args:", 1)[0].strip()
+    return {"type": "function", "function": {"name": fn.__name__, "description": description,
+                                             "parameters": {"type": "object", "properties": props,
+                                                            "required": required}}}
+
+
+def _import(path: str):
+    path = VERL_TOOL_CLASSES.get(path, path)
+    module, _, name = path.rpartition(".")
+    if not module:
+        raise ValueError(f"tool class_name {path!r} must be a dotted path package.module.Class")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"tool class_name {path!r} cannot be imported ({e}); put its module on PYTHONPATH "
+                         f"(rollout.multi_turn.tool_config_path)") from e
+
+
+def load_tool_config(path: str) -> list[BaseTool]:
+    """The tools of verl's tool YAML (`rollout.multi_turn.tool_config_path`)."""
+    import yaml
+
+    if not os.path.isfile(path):
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path!r} is not a file")
+    with open(path) as f:
+        spec = yaml.safe_load(f) or {}
+    tools = []
+    for i, entry in enumerate(spec.get("tools") or []):
+        where = f"{path}: tools[{i}]"
+        if not isinstance(entry, dict) or "class_name" not in entry or "tool_schema" not in entry:
+            raise ValueError(f"{where} needs class_name and tool_schema (verl's tool YAML)")
+        schema = entry["tool_schema"]
+        if not (isinstance(schema, dict) and isinstance(schema.get("function"), dict)
+                and schema["function"].get("name")):
+            raise ValueError(f"{where}: tool_schema must be {{type: function, function: {{name: ..., ...}}}}")
+        cls = _import(entry["class_name"])
+        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+            raise ValueError(f"{where}: {entry['class_name']} is not a subclass of {BaseTool.__module__}.BaseTool")
+        tools.append(cls(entry.get("config") or {}, schema))
+    return tools
+
+
+def load_function_tools(path: str) -> list[FunctionTool]:
+    """The `@function_tool` functions of the Python file `rollout.multi_turn.function_tool_path`."""
+    if not os.path.isfile(path):
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.function_tool_path={path!r} is not a file")
+    spec = importlib.util.spec_from_file_location(f"rlx_function_tools_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fns = [v for v in vars(module).values() if callable(v) and getattr(v, "__rlx_tool__", False)]
+    if not fns:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.function_tool_path={path!r} defines no function "
+                         f"decorated with @function_tool")
+    return [FunctionTool(fn, function_schema(fn)) for fn in fns]
+
+
+def load_tools(tool_config_path: Optional[str], function_tool_path: Optional[str]) -> dict:
+    """{name: tool} of both sources; a name given twice is an error."""
+    tools: dict = {}
+    found = (load_tool_config(tool_config_path) if tool_config_path else []) + \
+        (load_function_tools(function_tool_path) if function_tool_path else [])
+    for tool in found:
+        if tool.name in tools:
+            raise ValueError(f"tool name {tool.name!r} is defined twice (multi_turn.tool_config_path / "
+                             f"function_tool_path)")
+        tools[tool.name] = tool
+    return tools
+
+
+@dataclass
+class ToolResult:
+    text: str
+    reward: float = 0.0
+    error: bool = False
+    wait_s: float = 0.0
+
+
+def _text_of(raw) -> tuple[str, float]:
+    reward = 0.0
+    if isinstance(raw, tuple):
+        raw, reward = raw[0], float(raw[1]) if len(raw) > 1 and raw[1] is not None else 0.0
+    if isinstance(raw, ToolResponse):
+        raw = raw.text or ""
+    if isinstance(raw, (dict, list)):
+        raw = json.dumps(raw, ensure_ascii=False)
+    if not isinstance(raw, str):
+        raw = str(raw)
+    return raw, reward
+
+
+async def call_tool(tool, arguments: dict, tools_kwargs: dict, timeout_s: float) -> ToolResult:
+    """Run one call of `tool`; every failure becomes an error text (see the module docstring)."""
+    t0 = time.perf_counter()
+
+    async def run():
+        if isinstance(tool, FunctionTool):
+            return _text_of(await tool.call(arguments))
+        create_kwargs = (tools_kwargs.get(tool.name) or {}).get("create_kwargs") or {}
+        instance_id, _ = await tool.create(create_kwargs=create_kwargs, **create_kwargs)
+        try:
+            raw, reward, _metrics = await tool.execute(instance_id, arguments)
+            text, _ = _text_of(raw)
+            return text, float(reward or 0.0)
+        finally:
+            await tool.release(instance_id)
+
+    try:
+        text, reward = await asyncio.wait_for(run(), timeout=timeout_s)
+        return ToolResult(text, reward, False, time.perf_counter() - t0)
+    except asyncio.TimeoutError:
+        return ToolResult(f"Error: tool '{tool.name}' timed out after {timeout_s:g} s", 0.0, True,
+                          time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - a tool's failure is the model's observation, never a crashed step
+        return ToolResult(f"Error: tool '{tool.name}' failed: {type(e).__name__}: {e}", 0.0, True,
+                          time.perf_counter() - t0)
+
+
+def truncate(text: str, limit: int, side: str) -> str:
+    """verl's cut of a long tool response (`max_tool_response_length` characters, `tool_response_truncate_side`)."""
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return "(truncated)..." + text[-limit:]
+    if side == "right":
+        return text[:limit] + "...(truncated)"
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[len(text) - half:]
