@@ -295,3 +295,47 @@ def test_two_gloo_ranks(tmp_path):
         res = torch.load(tmp_path / f"rank{rank}.pt")
         assert torch.equal(res["vllm"], res["hf"]), (rank, res)
         assert res["fsdp1_ok"], rank
+
+
+def _vllm_weights(rollout) -> dict:
+    return rollout.llm.apply_model(lambda m: {k: v.detach().clone() for k, v in m.named_parameters()})[0]
+
+
+def test_layered_summon_lora_fsdp1_sync_equals_whole_model_sync(state):
+    """rollout.layered_summon: an FSDP1 actor with trained LoRA adapters, synced one FSDP unit at a time, leaves
+    vLLM with exactly the weights (and greedy tokens) of the whole-model sync."""
+    pytest.importorskip("peft")
+    from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
+    from rlx.engine.actor import ActorEngine
+
+    engine = ActorEngine(role="actor", model_cfg=ModelConfig(path=state.path, lora_rank=4, lora_alpha=8,
+                                                             use_remove_padding=False),
+                         actor_cfg=ActorConfig(strategy="fsdp", ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+                                               optim=OptimConfig(lr=5e-2)),
+                         fsdp_cfg=FSDPConfig(), strategy="fsdp", device=torch.device("cpu"), world_size=1,
+                         rollout_n=1, temperature=1.0, total_steps=4)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 200, (2, 12), generator=g)
+    batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                   "position_ids": torch.arange(12).expand(2, -1).clone(), "responses": ids[:, 4:],
+                   "response_mask": torch.ones(2, 8), "advantages": torch.randn(2, 8, generator=g)})
+    lp = engine.compute_log_prob(batch, 2)["log_probs"]
+    engine.update_policy(batch.union(Batch({"old_log_probs": lp - 0.1})))  # the adapters' B is no longer zero
+    greedy = prompt_batch(state.ids, state.mask, n=1, do_sample=False, temperature=0.0)
+    rollout = state.rollout
+    try:
+        with engine.phase():
+            rollout.sync_weights(engine.policy_weights())
+        whole, whole_out = _vllm_weights(rollout), rollout.generate_sequences(greedy)["responses"]
+        rollout.sync_weights(iter_full_params(state.actor))  # other weights in between
+        other = _vllm_weights(rollout)
+        with engine.phase():
+            rollout.sync_weights(engine.policy_weights(layered=True))
+        layered, layered_out = _vllm_weights(rollout), rollout.generate_sequences(greedy)["responses"]
+    finally:
+        rollout.sync_weights(iter_full_params(state.actor))  # the module's engine as the other tests left it
+    assert whole.keys() == layered.keys()
+    assert any(not torch.equal(whole[k], other[k]) for k in whole)  # the syncs did change the engine
+    for k in whole:
+        assert torch.equal(whole[k], layered[k]), k
+    assert torch.equal(whole_out, layered_out)
