@@ -266,3 +266,10 @@ def test_keys_accepted_and_refused():
     assert cfg.actor_rollout_ref.rollout.layered_summon and cfg.actor_rollout_ref.model.use_shm
     with pytest.raises(ValueError, match=r"checkpoint_engine.backend.*nccl"):
         load_config(["actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"])
+
+
+def test_entropy_chunk_size_must_be_positive():
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.entropy_from_logits_chunk_size=0 must be a positive"):
+        load_config(["actor_rollout_ref.actor.entropy_from_logits_with_chunking=True",
+                     "actor_rollout_ref.actor.entropy_from_logits_chunk_size=0"])
+    load_config(["actor_rollout_ref.actor.entropy_from_logits_chunk_size=0"])  # not read without chunking

@@ -267,9 +267,9 @@ class ActorConfig:
     """verl key; rlx never compiles (a no-op by design: compiling changes speed, not results)."""
     entropy_from_logits_with_chunking: bool = False
     """Unfused head (model.use_fused_kernels=False): compute the entropy from the logits in chunks of
-    entropy_from_logits_chunk_size tokens (float32 per chunk), so the float32 softmax of the whole [tokens, vocab]
-    logits is never held at once; same values and gradients. The fused head always computes it chunk by chunk
-    (fused_kernel_options.chunk_size), so it ignores this key."""
+    entropy_from_logits_chunk_size tokens (float32 per chunk; rlx's unfused entropy otherwise runs 1024 rows at a
+    time), so the float32 softmax of the whole [tokens, vocab] logits is never held at once; same values and
+    gradients. The fused head always computes it chunk by chunk (fused_kernel_options.chunk_size) and ignores it."""
     entropy_from_logits_chunk_size: int = 2048
     """Tokens per chunk of entropy_from_logits_with_chunking."""
     entropy_checkpointing: bool = False
@@ -385,12 +385,12 @@ class RolloutConfig:
     dummy_dtensor | dummy (verl's default: random, nothing read from disk) | auto | safetensors | pt (the
     checkpoint's files)."""
     layered_summon: bool = False
-    """Gather the FSDP weights for the weight sync one FSDP unit (decoder layer) at a time, merge LoRA adapters in
-    that unit and stream them into vLLM before the next unit is gathered, instead of gathering the whole model at
-    once: the sync's peak is one layer, not the model (slower: one gather per unit). verl's "for huge models,
-    layered summon saves memory"; verl applies it to the LoRA sync, rlx (which syncs merged full weights) to every
-    sync. Matters with fsdp (FSDP1, whose whole-model summon holds every full parameter); fsdp2 already gathers
-    one parameter at a time and, layered, gathers one unit at a time. Same weights either way."""
+    """Bound what the weight sync unshards at once by one FSDP unit: with strategy=fsdp (FSDP1) each decoder layer
+    is summoned alone (then the root's embedding, norm and head), its LoRA adapters merged and its tensors streamed
+    into vLLM before the next is summoned, instead of summoning the whole model at once (slower: one gather per
+    unit). verl's "for huge models, layered summon saves memory"; verl applies it to its LoRA sync, rlx (which syncs
+    merged full weights) to every sync. fsdp2 gathers one parameter at a time either way (finer than a unit), so
+    the key changes nothing there. The same weights reach vLLM either way (see docs/rollout_memory.md)."""
     multi_stage_wake_up: bool = False
     """verl key, accepted with any value: vLLM's memory is woken in stages on every sync, as verl 0.9.1 does with
     vLLM whatever this key says (it read it only for SGLang): the weights first, then the sync, then the KV cache
