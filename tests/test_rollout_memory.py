@@ -249,9 +249,12 @@ def test_use_shm_loads_the_model_and_data_from_dev_shm(tmp_path, monkeypatch):
         tok = AutoTokenizer.from_pretrained(path)
         ds = D.RLDataset([str(pq)], tok, DataConfig(max_prompt_length=64, use_shm=True))
         assert len(ds) == 1 and read[0].startswith("/dev/shm/") and read[0].endswith("train.parquet")
-    finally:
-        for p in [path] + [r for r in locals().get("read", [])]:
-            shutil.rmtree(os.path.dirname(p), ignore_errors=True)
+    finally:  # the copies in /dev/shm and their lock files
+        for p in [locals().get("path")] + list(locals().get("read", [])):
+            if p and p.startswith("/dev/shm/"):
+                shutil.rmtree(os.path.dirname(p), ignore_errors=True)
+                if os.path.exists(os.path.dirname(p) + ".lock"):
+                    os.remove(os.path.dirname(p) + ".lock")
 
 
 # ---- config ---------------------------------------------------------------------------------------------------------
