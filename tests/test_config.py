@@ -78,7 +78,7 @@ def test_type_errors_name_the_key():
 def test_not_supported_keys_exist_and_reject_non_defaults(key):
     default = NOT_SUPPORTED[key]
     if isinstance(default, dict):  # a free-form dict: set one of its keys
-        inner = next(iter(default))
+        inner = next(iter(default), "some_arg")  # an empty one: add a key
         msg = err(f"{key}.{inner}=other")
     else:
         value = {bool: "False" if default is True else "True", int: "2", str: "other", type(None): "2"}[type(default)]

@@ -313,3 +313,89 @@ def test_async_single_turn_equals_sync(state):
     diff = rollout_probs_diff(sampled["rollout_log_probs"], actor_log_probs(state.actor, sampled, TEMPERATURE),
                               sampled["response_mask"])
     assert diff["training/rollout_probs_diff_mean"] < 1e-3, diff
+def _vllm_weights(rollout) -> dict:
+    return rollout.llm.apply_model(lambda m: {k: v.detach().clone() for k, v in m.named_parameters()})[0]
+
+
+def test_layered_summon_lora_fsdp1_sync_equals_whole_model_sync(state):
+    """rollout.layered_summon: an FSDP1 actor with trained LoRA adapters, synced one FSDP unit at a time, leaves
+    vLLM with exactly the weights (and greedy tokens) of the whole-model sync."""
+    pytest.importorskip("peft")
+    from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
+    from rlx.engine.actor import ActorEngine
+
+    engine = ActorEngine(role="actor", model_cfg=ModelConfig(path=state.path, lora_rank=4, lora_alpha=8,
+                                                             use_remove_padding=False),
+                         actor_cfg=ActorConfig(strategy="fsdp", ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+                                               optim=OptimConfig(lr=5e-2)),
+                         fsdp_cfg=FSDPConfig(), strategy="fsdp", device=torch.device("cpu"), world_size=1,
+                         rollout_n=1, temperature=1.0, total_steps=4)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 200, (2, 12), generator=g)
+    batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                   "position_ids": torch.arange(12).expand(2, -1).clone(), "responses": ids[:, 4:],
+                   "response_mask": torch.ones(2, 8), "advantages": torch.randn(2, 8, generator=g)})
+    lp = engine.compute_log_prob(batch, 2)["log_probs"]
+    engine.update_policy(batch.union(Batch({"old_log_probs": lp - 0.1})))  # the adapters' B is no longer zero
+    greedy = prompt_batch(state.ids, state.mask, n=1, do_sample=False, temperature=0.0)
+    rollout = state.rollout
+    try:
+        with engine.phase():
+            rollout.sync_weights(engine.policy_weights())
+        whole, whole_out = _vllm_weights(rollout), rollout.generate_sequences(greedy)["responses"]
+        rollout.sync_weights(iter_full_params(state.actor))  # other weights in between
+        other = _vllm_weights(rollout)
+        with engine.phase():
+            rollout.sync_weights(engine.policy_weights(layered=True))
+        layered, layered_out = _vllm_weights(rollout), rollout.generate_sequences(greedy)["responses"]
+    finally:
+        rollout.sync_weights(iter_full_params(state.actor))  # the module's engine as the other tests left it
+    assert whole.keys() == layered.keys()
+    assert any(not torch.equal(whole[k], other[k]) for k in whole)  # the syncs did change the engine
+    for k in whole:
+        assert torch.equal(whole[k], layered[k]), k
+    assert torch.equal(whole_out, layered_out)
+
+
+def test_worker_wakes_in_stages_around_the_sync(state, monkeypatch):
+    """The actor worker's rollout step on the real engine: weights woken, then the sync (reload_weights), then the
+    KV cache, then generation (rollout.multi_stage_wake_up's order, which rlx always follows, as verl does with vLLM).
+    vLLM's CPU worker ignores sleep/wake_up, but the engine core keeps the sleep state and its scheduler: sleep mode
+    is switched on for this test so that release() really sleeps and the wakes really go through the engine."""
+    from rlx.config import load_config
+    from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig
+    from rlx.engine.actor import ActorEngine
+    from rlx.workers.actor_worker import ActorRolloutRefWorker
+
+    cfg = load_config(["actor_rollout_ref.rollout.layered_summon=True",
+                       "actor_rollout_ref.rollout.multi_stage_wake_up=True"], config_name="quickstart")
+    worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+    worker.cfg, worker.rank, worker.world_size, worker.device = cfg, 0, 1, torch.device("cpu")
+    worker.rollout, worker.rollout_name = state.rollout, "vllm"
+    worker.actor = ActorEngine(role="actor", model_cfg=ModelConfig(path=state.path), actor_cfg=ActorConfig(),
+                               fsdp_cfg=FSDPConfig(), strategy="fsdp", device=torch.device("cpu"), world_size=1,
+                               rollout_n=1, temperature=1.0)
+    llm, calls = state.rollout.llm, []
+    layered = []
+    real_weights = worker.actor.policy_weights
+    monkeypatch.setattr(worker.actor, "policy_weights", lambda **kw: layered.append(kw) or real_weights(**kw))
+    for name in ("wake_up", "collective_rpc", "generate", "sleep"):
+        real = getattr(llm, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            calls.append((_name, kw.get("tags") or (a[0] if a and isinstance(a[0], str) else None)))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(llm, name, spy)
+    monkeypatch.setitem(state.rollout._llm_kwargs, "enable_sleep_mode", True)
+    try:
+        state.rollout.release()  # asleep: weights and KV cache
+        out = worker.generate_sequences(prompt_batch(state.ids, state.mask, n=1, do_sample=False, temperature=0.0))
+    finally:
+        monkeypatch.undo()
+        state.rollout.wake_up()  # the engine core's sleep state too (its scheduler runs only when all is awake)
+        state.rollout.sync_weights(iter_full_params(state.actor))  # the module's engine as the other tests left it
+    assert calls == [("sleep", None), ("wake_up", ["weights"]), ("collective_rpc", "reload_weights"),
+                     ("wake_up", ["kv_cache"]), ("generate", None), ("sleep", None)], calls
+    assert layered == [dict(layered=True)]
+    assert out["responses"].shape == (len(PROMPTS), R)

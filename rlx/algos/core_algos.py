@@ -414,8 +414,9 @@ def kl_penalty(
     raise ValueError(f"Unknown {key}={kind!r}; valid choices: {list(KL_PENALTY_TYPES)}")
 
 
-def _rowwise(fn, logits: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
-    """Apply ``fn(rows_fp32, *extra_rows) -> [n]`` to ``logits`` flattened to ``[N, V]`` in row chunks."""
+def _rowwise(fn, logits: torch.Tensor, *extra: torch.Tensor, chunk: int = _LOGITS_ROW_CHUNK) -> torch.Tensor:
+    """Apply ``fn(rows_fp32, *extra_rows) -> [n]`` to ``logits`` flattened to ``[N, V]`` in chunks of ``chunk``
+    rows."""
     lead = logits.shape[:-1]
     flat = logits.reshape(-1, logits.shape[-1])
     flat_extra = [e.reshape(-1) for e in extra]
@@ -424,24 +425,27 @@ def _rowwise(fn, logits: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         return torch.zeros(lead, dtype=torch.float32 if flat.dtype in (torch.float16, torch.bfloat16) else flat.dtype,
                            device=logits.device)
     outs = []
-    for s in range(0, n, _LOGITS_ROW_CHUNK):
-        rows = flat[s:s + _LOGITS_ROW_CHUNK]
+    for s in range(0, n, chunk):
+        rows = flat[s:s + chunk]
         if rows.dtype in (torch.float16, torch.bfloat16):
             rows = rows.float()
-        outs.append(fn(rows, *[e[s:s + _LOGITS_ROW_CHUNK] for e in flat_extra]))
+        outs.append(fn(rows, *[e[s:s + chunk] for e in flat_extra]))
     return torch.cat(outs).reshape(lead)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, chunk_size: Optional[int] = None) -> torch.Tensor:
     """Entropy of the categorical distribution over the last dim: ``logsumexp(z) - sum(softmax(z) * z)``.
 
-    Shape ``[..., V] -> [...]``. Half-precision logits are upcast to fp32 chunk by chunk (the result is
-    fp32).
+    Shape ``[..., V] -> [...]``, computed ``chunk_size`` rows at a time (default 1024; verl's
+    ``entropy_from_logits_with_chunking`` with its ``entropy_from_logits_chunk_size``), so the transient float32
+    softmax is ``[chunk_size, V]``. Half-precision logits are upcast to fp32 chunk by chunk (the result is fp32).
     """
     def _ent(z: torch.Tensor) -> torch.Tensor:
         return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
 
-    return _rowwise(_ent, logits)
+    if chunk_size is not None and chunk_size <= 0:
+        raise ValueError(f"entropy chunk_size={chunk_size}: must be a positive number of rows")
+    return _rowwise(_ent, logits, chunk=chunk_size or _LOGITS_ROW_CHUNK)
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,8 @@ class DataConfig:
     dataloader_num_workers: int = 8
     """verl key; prompts are tokenized up front, so rlx loads in the driver."""
     use_shm: bool = False
-    """verl key (not supported yet)."""
+    """Copy each data file (train_files, val_files) to shared memory (/dev/shm) once and read it from there, as
+    verl's copy_to_local(use_shm=True); a file already there is reused (see docs/rollout_memory.md)."""
     return_raw_input_ids: bool = False
     """verl key (not supported yet)."""
     return_full_prompt: bool = False
@@ -147,7 +148,9 @@ class ModelConfig:
     enable_gradient_checkpointing=True. Halves the update's memory per token of long sequences; off by default
     (below ~32k tokens a whole layer is faster). Exact: same outputs and input gradients as untiled."""
     use_shm: bool = False
-    """verl key (not supported yet)."""
+    """Copy the model directory (config, weights, tokenizer) to shared memory (/dev/shm) once and load the actor,
+    ref and rollout engine from there, as verl's copy_to_local(use_shm=True): faster loads of a model on a network
+    or slow disk, at the cost of its size in host RAM. A copy already there is reused (see docs/rollout_memory.md)."""
     lora_rank: int = 0
     """LoRA rank of the policy's adapters (0: off, full fine-tuning). With a rank, peft puts LoRA adapters on the
     target_modules of every decoder layer, the base model is frozen (only the adapters get gradients and optimizer
@@ -265,9 +268,17 @@ class ActorConfig:
     use_torch_compile: bool = True
     """verl key; rlx never compiles (a no-op by design: compiling changes speed, not results)."""
     entropy_from_logits_with_chunking: bool = False
-    """verl key (not supported yet)."""
+    """Unfused head (model.use_fused_kernels=False): compute the entropy from the logits in chunks of
+    entropy_from_logits_chunk_size tokens (float32 per chunk; rlx's unfused entropy otherwise runs 1024 rows at a
+    time), so the float32 softmax of the whole [tokens, vocab] logits is never held at once; same values and
+    gradients. The fused head always computes it chunk by chunk (fused_kernel_options.chunk_size) and ignores it."""
+    entropy_from_logits_chunk_size: int = 2048
+    """Tokens per chunk of entropy_from_logits_with_chunking."""
     entropy_checkpointing: bool = False
-    """verl key (not supported yet)."""
+    """Unfused head (model.use_fused_kernels=False): recompute the entropy from the logits in backward (activation
+    checkpointing of the entropy) instead of keeping its [tokens, vocab] intermediates; same values and
+    gradients. The fused head already recomputes each chunk's logits, softmax and entropy in backward and keeps
+    none of them, so it ignores this key."""
     checkpoint: CheckpointContents = field(default_factory=lambda: CheckpointContents(
         save_contents=["model", "optimizer", "extra", "hf_model"]))
     """Checkpoint contents (rlx's actor default adds hf_model to verl's: an HF export at every save)."""
@@ -301,9 +312,12 @@ class RefConfig:
     actor_rollout_ref.actor.ulysses_sequence_parallel_size, which it follows unless set, as in verl; needs
     actor_rollout_ref.model.use_remove_padding=True). 1: off."""
     entropy_from_logits_with_chunking: bool = False
-    """verl key (not supported yet)."""
+    """As actor.entropy_from_logits_with_chunking, for the reference model's forward (which, as in verl, computes
+    log-probs only: the entropy is never asked of the ref, so this changes nothing there)."""
+    entropy_from_logits_chunk_size: int = 2048
+    """Tokens per chunk of entropy_from_logits_with_chunking."""
     entropy_checkpointing: bool = False
-    """verl key (not supported yet)."""
+    """As actor.entropy_checkpointing, for the reference model (no backward runs through the ref)."""
 
 
 @dataclass
@@ -318,6 +332,22 @@ class ValKwargs:
     """Samples per validation prompt."""
     do_sample: bool = False
     """Sample during validation (False: greedy)."""
+
+
+@dataclass
+class CheckpointEngineConfig:
+    backend: str = "naive"
+    """Weight-sync backend: naive (the only one: the colocated engine is loaded in place from the gathered
+    weights; verl's nccl, nixl, hccl, ... serve rollout engines on other GPUs, which rlx does not run)."""
+    update_weights_bucket_megabytes: int = 2048
+    """verl key, accepted with any value: verl packs the weights into buckets of this size to send them to a vLLM
+    server in another process; rlx's engine runs in the training process and is handed each gathered tensor by
+    reference, so there is no transfer buffer to size (the sync's peak is one parameter, or one layer with
+    rollout.layered_summon, whatever this says)."""
+    engine_kwargs: dict = field(default_factory=dict)
+    """Arguments of the checkpoint engine's constructor (none for naive: must stay empty)."""
+    custom_backend_module: Optional[str] = None
+    """A module registering a custom backend (not supported: must stay null)."""
 
 
 @dataclass
@@ -358,7 +388,16 @@ class RolloutConfig:
     dummy_dtensor | dummy (verl's default: random, nothing read from disk) | auto | safetensors | pt (the
     checkpoint's files)."""
     layered_summon: bool = False
-    """verl key (not supported yet)."""
+    """Bound what the weight sync unshards at once by one FSDP unit: with strategy=fsdp (FSDP1) each decoder layer
+    is summoned alone (then the root's embedding, norm and head), its LoRA adapters merged and its tensors streamed
+    into vLLM before the next is summoned, instead of summoning the whole model at once (slower: one gather per
+    unit). verl's "for huge models, layered summon saves memory"; verl applies it to its LoRA sync, rlx (which syncs
+    merged full weights) to every sync. fsdp2 gathers one parameter at a time either way (finer than a unit), so
+    the key changes nothing there. The same weights reach vLLM either way (see docs/rollout_memory.md)."""
+    multi_stage_wake_up: bool = False
+    """verl key, accepted with any value: vLLM's memory is woken in stages on every sync, as verl 0.9.1 does with
+    vLLM whatever this key says (it read it only for SGLang): the weights first, then the sync, then the KV cache
+    once the gathered weights are freed (see docs/rollout_memory.md)."""
     tensor_model_parallel_size: int = 2
     """vLLM tensor parallel size (must divide the world size; > 1 needs GPUs)."""
     max_num_batched_tokens: int = 8192
@@ -391,6 +430,8 @@ class RolloutConfig:
     """Multi-turn tool calling (the tool_agent loop)."""
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     """The agent loop of rollout.mode=async."""
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
+    """How the trained weights reach the rollout engine (verl's checkpoint engine)."""
 
 
 @dataclass
@@ -434,7 +475,8 @@ class CriticModelConfig:
     """Run the token-local parts of each decoder layer in tiles of this many tokens (0: off; needs
     enable_gradient_checkpointing=True); see actor_rollout_ref.model."""
     use_shm: bool = False
-    """verl key (not supported yet)."""
+    """Copy the critic's model directory to shared memory (/dev/shm) once and load it from there (see
+    actor_rollout_ref.model.use_shm)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP settings of the critic."""
     lora_rank: int = 0
@@ -718,25 +760,19 @@ class RLXConfig:
 
 # verl keys that exist for compatibility but are not implemented: key -> the only accepted value.
 NOT_SUPPORTED: dict[str, Any] = {
-    "data.use_shm": False,
     "data.return_raw_input_ids": False,
     "data.return_full_prompt": False,
     "data.validation_shuffle": False,
     "data.image_key": "images",
     "data.video_key": "videos",
     "data.custom_cls": {"path": None, "name": None},
-    "actor_rollout_ref.model.use_shm": False,
     "actor_rollout_ref.model.use_liger": False,
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
-    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": False,
-    "actor_rollout_ref.actor.entropy_checkpointing": False,
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": -1,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.actor.optim.total_training_steps": -1,
     "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
     "actor_rollout_ref.hybrid_engine": True,
-    "actor_rollout_ref.ref.entropy_from_logits_with_chunking": False,
-    "actor_rollout_ref.ref.entropy_checkpointing": False,
     "actor_rollout_ref.ref.fsdp_config.fsdp_size": -1,
     "actor_rollout_ref.ref.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": False,  # the ref has no optimizer
@@ -744,8 +780,9 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": None,
     "actor_rollout_ref.rollout.agent.custom_async_server.path": None,
     "actor_rollout_ref.rollout.agent.custom_async_server.name": None,
-    "actor_rollout_ref.rollout.layered_summon": False,
-    "critic.model.use_shm": False,
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": "naive",
+    "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs": {},
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": None,
     "critic.model.lora_rank": 0,
     "critic.model.fsdp_config.fsdp_size": -1,
     "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
@@ -805,6 +842,11 @@ NO_OP_BY_DESIGN: dict[str, str] = {
                                                    "trajectory of a rank concurrently in one event loop",
     "actor_rollout_ref.actor.use_torch_compile": "speed only: rlx never compiles, whatever the value",
     "actor_rollout_ref.ref.use_torch_compile": "speed only: rlx never compiles, whatever the value",
+    "actor_rollout_ref.rollout.multi_stage_wake_up": "verl 0.9.1 reads it only for SGLang; with vLLM verl and rlx "
+        "always wake the weights, sync, then wake the KV cache (the staged order this key asks for)",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": "sizes verl's transfer buffer "
+        "to a vLLM server process; rlx's engine is in-process and loads each gathered tensor by reference (no "
+        "buffer: the sync's peak is one parameter, or one layer with layered_summon)",
     # the critic's LoRA details are inert in verl too while its lora_rank is 0; that key is refused (NOT_SUPPORTED),
     # so verl scripts that pass lora_alpha/target_modules next to critic lora_rank=0 keep working.
     "critic.model.lora_alpha": "inert without critic.model.lora_rank > 0 (refused), as in verl",

@@ -237,6 +237,10 @@ def _check_long_sequences(cfg, errors):
     if model.use_fused_kernels:
         _positive(errors, "actor_rollout_ref.model.fused_kernel_options.chunk_size",
                   model.fused_kernel_options.chunk_size, "(tokens per chunk of the fused head)")
+    for role in ("actor", "ref"):  # the unfused head's chunked entropy
+        if _get(cfg, f"actor_rollout_ref.{role}.entropy_from_logits_with_chunking"):
+            key = f"actor_rollout_ref.{role}.entropy_from_logits_chunk_size"
+            _positive(errors, key, _get(cfg, key), "(rows per chunk of the entropy)")
     for prefix in ("actor_rollout_ref.model", "critic.model"):
         tile = _get(cfg, f"{prefix}.tile_mlp_tokens")
         if tile < 0:

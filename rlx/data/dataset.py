@@ -52,6 +52,14 @@ def _plain(value):
     return value
 
 
+def _shm_copy(path: str) -> str:
+    from rlx.models.shm import copy_to_shm
+
+    if not os.path.exists(os.path.expanduser(path)):
+        return path  # _read_parquet names the missing file
+    return copy_to_shm(path, key="data.use_shm")
+
+
 def _read_parquet(path: str, required: Sequence[str]) -> list[dict]:
     import pyarrow.parquet as pq
 
@@ -106,8 +114,12 @@ class RLDataset:
         required = [self.prompt_key, self.reward_fn_key, "reward_model"]
         rows: list[dict] = []
         origins: list[str] = []
+        use_shm = bool(cfg.use_shm)  # verl's data.use_shm: read each file from a copy in /dev/shm
         for f in self.files:
-            file_rows = synthetic.generate_rows(f) if synthetic.is_synthetic(f) else _read_parquet(f, required)
+            if synthetic.is_synthetic(f):
+                file_rows = synthetic.generate_rows(f)
+            else:
+                file_rows = _read_parquet(_shm_copy(f) if use_shm else f, required)
             self._check_columns(file_rows, f)
             rows.extend(file_rows)
             origins.extend([f] * len(file_rows))

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from rlx.algos import core_algos
-from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig
+from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig, RefConfig
 from rlx.protocol import Batch
 from rlx.engine.base import FSDPEngine, UpdateSpec
 
@@ -22,14 +22,23 @@ class ActorEngine(FSDPEngine):
 
     def __init__(self, *, role: str, model_cfg: ModelConfig, actor_cfg: ActorConfig, fsdp_cfg: FSDPConfig,
                  strategy: str, device: torch.device, world_size: int, rollout_n: int, temperature: float,
-                 total_steps: int = 1, sp_size: int = 1, max_micro_batch_tokens: Optional[int] = None):
+                 total_steps: int = 1, sp_size: int = 1, max_micro_batch_tokens: Optional[int] = None,
+                 entropy_cfg: Optional[ActorConfig | RefConfig] = None):
         self.actor_cfg, self.world_size, self.rollout_n, self.temperature = actor_cfg, world_size, rollout_n, temperature
         self.fused = model_cfg.use_fused_kernels
+        # the full-logits head's entropy (verl's keys of the role: actor.* for the actor, ref.* for the ref)
+        ent = entropy_cfg if entropy_cfg is not None else actor_cfg
+        ent_chunk, chunking = ent.entropy_from_logits_chunk_size, ent.entropy_from_logits_with_chunking
+        if chunking and ent_chunk <= 0:
+            raise ValueError(f"actor_rollout_ref.{role}.entropy_from_logits_chunk_size={ent_chunk}: must be a "
+                             f"positive number of tokens (verl's default: 2048)")
+        ent_chunk = ent_chunk if chunking else None
         super().__init__(role=role, model_cfg=model_cfg, strategy=strategy, fsdp_cfg=fsdp_cfg, device=device,
                          optim_cfg=actor_cfg.optim if role == "actor" else None, total_steps=total_steps,
                          head_chunk_size=model_cfg.fused_kernel_options.chunk_size if self.fused else None,
                          sp_size=sp_size, sp_key=f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
-                         max_micro_batch_tokens=max_micro_batch_tokens)
+                         max_micro_batch_tokens=max_micro_batch_tokens, entropy_chunk_size=ent_chunk,
+                         entropy_checkpointing=ent.entropy_checkpointing)
 
     def _log_probs(self, mb: Batch, with_entropy: bool):
         return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy)

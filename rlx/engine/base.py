@@ -31,7 +31,8 @@ class FSDPEngine:
     def __init__(self, *, role: str, model_cfg: ModelConfig | CriticModelConfig, strategy: str, fsdp_cfg: FSDPConfig,
                  device: torch.device, optim_cfg: OptimConfig | None = None, total_steps: int = 1,
                  dtype: str | None = None, head_chunk_size: Optional[int] = None, sp_size: int = 1,
-                 sp_key: str = "ulysses_sequence_parallel_size", max_micro_batch_tokens: Optional[int] = None):
+                 sp_key: str = "ulysses_sequence_parallel_size", max_micro_batch_tokens: Optional[int] = None,
+                 entropy_chunk_size: Optional[int] = None, entropy_checkpointing: bool = False):
         self.role, self.device, self.fsdp_cfg = role, device, fsdp_cfg
         self.remove_padding = model_cfg.use_remove_padding
         dtype = dtype or fsdp_cfg.model_dtype
@@ -49,8 +50,13 @@ class FSDPEngine:
             ulysses.register_ulysses_attention()
         attn = ulysses.ULYSSES_ATTENTION if sp_size > 1 else \
             packed_attn_implementation(device.type) if self.remove_padding else "sdpa"
+        from rlx.models import local_model_path
+
+        # model.use_shm: loaded from a copy in /dev/shm (made once per host)
+        path = local_model_path(model_cfg.path, model_cfg.use_shm,
+                                "critic.model.use_shm" if role == "critic" else "actor_rollout_ref.model.use_shm")
         scorer = role in ("critic", "reward")  # a one-label head on every token: values, or the reward model's score
-        model = F.build_hf_model(model_cfg.path, "critic" if scorer else "actor", F.DTYPES[dtype],
+        model = F.build_hf_model(path, "critic" if scorer else "actor", F.DTYPES[dtype],
                                  override_config=model_cfg.override_config,
                                  trust_remote_code=model_cfg.trust_remote_code,
                                  external_lib=model_cfg.external_lib, attn_implementation=attn)
@@ -68,7 +74,8 @@ class FSDPEngine:
             ulysses.check_heads(model.config, sp_size, sp_key)
             ulysses.apply_ulysses(model, self.sp_group)
         # the head only where a response token is scored; chunked (never [tokens, vocab]) with head_chunk_size
-        apply_token_head(model, role, head_chunk_size)
+        apply_token_head(model, role, head_chunk_size, entropy_chunk_size=entropy_chunk_size,
+                         entropy_checkpointing=entropy_checkpointing)
         from rlx.offload import find_decoder_layers
 
         if model_cfg.tile_mlp_tokens > 0:
@@ -268,8 +275,10 @@ class FSDPEngine:
         return adapters_disabled(self.module)
 
     def policy_weights(self, **kwargs):
-        """`(hf_name, full tensor)` of the policy as a plain HF model (collective, see `iter_full_params`):
-        with LoRA the adapted projections come merged (`W + s B A`), under the plain model's names."""
+        """`(hf_name, full tensor)` of the policy as a plain HF model (collective, see `iter_full_params`, whose
+        keyword arguments it takes: `layered=True` unshards one FSDP unit at a time): with LoRA the adapted
+        projections come merged (`W + s B A`), under the plain model's names, one projection at a time as its
+        unit is gathered."""
         from rlx.engine.weights import iter_full_params
 
         named = iter_full_params(self.module, **kwargs)

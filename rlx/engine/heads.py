@@ -74,7 +74,8 @@ def _mask_mapping(model: nn.Module) -> dict:
     return {t: None for t in types | {"full_attention"}}
 
 
-def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int]) -> None:
+def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int], *,
+                     entropy_chunk_size: Optional[int] = None, entropy_checkpointing: bool = False) -> None:
     """Replace `model.forward` (an HF causal LM, or a one-label token classifier for the critic); see module doc.
 
     New forward: `(input_ids, position_ids, attention_mask, index, targets=None, temperature=1.0,
@@ -82,6 +83,8 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int]) -> 
     `attention_mask` is the `[rows, seq]` padding mask, or None for one packed row with `cu_seq_lens`.
     With Ulysses (`sp_index` given) the ids are this rank's slice of the packed row, `index`/`targets` the
     scored tokens inside it, and the outputs are gathered over the group at `sp_index` (see `ulysses`).
+    `entropy_chunk_size` / `entropy_checkpointing`: how the full-logits head (no `chunk_size`) computes the entropy
+    (verl's entropy_from_logits_with_chunking / entropy_checkpointing; see `rlx.ops.log_prob_head`).
     """
     from rlx.ops.log_prob_head import log_probs_from_hidden
 
@@ -109,7 +112,9 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int]) -> 
             out = head(hidden)[:, 0].float()
         else:
             out = log_probs_from_hidden(hidden, head.weight, head.bias, targets, temperature,
-                                        chunk_size=chunk_size, with_entropy=with_entropy)
+                                        chunk_size=chunk_size, with_entropy=with_entropy,
+                                        entropy_chunk_size=entropy_chunk_size,
+                                        entropy_checkpointing=entropy_checkpointing)
         if sp_index is None:
             return out
         # Ulysses: this rank scored the tokens of its slice; every rank of the group gets all of them, in order

@@ -9,6 +9,12 @@ is synced from, what the HF export and the checkpoint code write.
   (all ranks receive the full weights) and the FSDP/activation-checkpoint wrapper prefixes are stripped.
 * a plain module (also DDP): parameters are yielded as they are.
 
+`layered=True` (verl's `rollout.layered_summon`) bounds what is unsharded at once by one FSDP unit: FSDP1 summons
+each unit (each decoder layer, then the root's own embedding / norm / head) alone, with `recurse=False`, and
+yields its parameters before the next one is summoned, instead of summoning the whole model; FSDP2 already gathers
+one parameter at a time in the units' order, so it is the same walk either way. The yielded names and values are
+the same as without `layered` (the order differs for FSDP1: the root's own parameters come first).
+
 Gathering is collective: EVERY rank of the FSDP group must exhaust the iterator, in the same order, even a
 rank that throws the tensors away. FSDP1/FSDP2 tensors are fresh copies the consumer may keep; for a plain
 module they are the live parameters (detached), so copy them before changing the module.
@@ -56,12 +62,13 @@ def _gather_device(local: torch.Tensor) -> torch.device | None:
     return None
 
 
-def iter_full_params(module: nn.Module, *, to_cpu: bool = False,
-                     dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_full_params(module: nn.Module, *, to_cpu: bool = False, dtype: torch.dtype | None = None,
+                     layered: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield `(hf_name, full_tensor)` for every parameter of `module` (an FSDP1/FSDP2/plain model).
 
     `to_cpu` moves each yielded tensor to CPU, `dtype` casts it (e.g. to the rollout dtype, halving the
-    transfer for a bf16 engine). Run it on every rank: the gathers are collectives.
+    transfer for a bf16 engine), `layered` unshards one FSDP unit at a time (see the module docstring). Run it on
+    every rank: the gathers are collectives.
     """
     if isinstance(module, nn.parallel.DistributedDataParallel):
         module = module.module
@@ -74,6 +81,9 @@ def iter_full_params(module: nn.Module, *, to_cpu: bool = False,
             t = t.cpu()
         return t
 
+    if _is_fsdp1(module) and layered:
+        yield from _fsdp1_by_unit(module, _post)
+        return
     if _is_fsdp1(module):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         # FSDP1's `summon_full_params` needs the root FSDP instance; a model whose root is not wrapped
@@ -99,3 +109,39 @@ def iter_full_params(module: nn.Module, *, to_cpu: bool = False,
         else:
             full = param.data
         yield clean_param_name(name), _post(full)
+
+
+def _fsdp1_by_unit(module: nn.Module, post) -> Iterator[tuple[str, torch.Tensor]]:
+    """FSDP1, one unit at a time: each FSDP instance is summoned alone (`recurse=False`: only its own flat
+    parameter is all-gathered) and its own parameters (not those of units nested in it) are yielded, cloned, before
+    the context frees them; parameters outside every unit are yielded as they are."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    units = [(n, m) for n, m in module.named_modules() if isinstance(m, FSDP)]
+    unit_names = [n for n, _ in units]
+
+    def owner(name: str) -> str | None:  # the innermost unit a parameter of `module` belongs to
+        best = None
+        for n in unit_names:
+            if n == "" or name.startswith(n + "."):
+                best = n if best is None or len(n) > len(best) else best
+        return best
+
+    for name, param in module.named_parameters():  # parameters no unit holds (a root that is not wrapped)
+        if owner(name) is None:
+            yield clean_param_name(name), post(param)
+    seen: set[str] = set()
+    for prefix, unit in units:
+        # FSDP1's named_parameters strips its wrapper prefixes inside a summon: compare clean names
+        nested = [clean_param_name(n) for n, m in unit.named_modules() if n and isinstance(m, FSDP)]
+        with FSDP.summon_full_params(unit, writeback=False, recurse=False):
+            for name, param in unit.named_parameters():
+                name = clean_param_name(name)
+                if name.endswith("_flat_param") or any(name.startswith(n + ".") for n in nested):
+                    continue
+                hf = clean_param_name(f"{prefix}.{name}" if prefix else name)
+                if hf in seen:  # a parameter shared by two units (tied weights) goes once
+                    continue
+                seen.add(hf)
+                t = post(param)
+                yield hf, (t.clone() if t.data_ptr() == param.data_ptr() else t)

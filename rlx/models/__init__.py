@@ -52,6 +52,17 @@ def resolve_model_path(path: str) -> str:
     return str(target)
 
 
+def local_model_path(path: str, use_shm: bool = False, key: str = "actor_rollout_ref.model.use_shm") -> str:
+    """`resolve_model_path(path)`, read from a copy in shared memory with `use_shm` (verl's model.use_shm; see
+    `rlx.models.shm`)."""
+    local = resolve_model_path(path)
+    if not use_shm:
+        return local
+    from rlx.models.shm import copy_to_shm
+
+    return copy_to_shm(local, key=key)
+
+
 def _spec_hash(spec: dict) -> str:
     import hashlib
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]

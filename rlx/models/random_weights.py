@@ -18,6 +18,10 @@ SHAPES: dict[str, dict] = {
     "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6),
+    # Qwen2.5-1.5B's config.json, likewise
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6),
 }
 WEIGHTS = "bf16 N(0, 0.02), norms 1, biases 0, seed 0; byte tokenizer"
 

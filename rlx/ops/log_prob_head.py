@@ -16,7 +16,11 @@ token, several of them); nothing of size N x V. The transient peak is a few `[ch
 tensors. The head's matmul runs once more in backward (as under activation checkpointing). Under no_grad, or
 when nothing needs a gradient, it is the same chunked loop and saves nothing.
 Without a chunk size it is the full-logits reference: `logprobs_from_logits` / `entropy_from_logits` of
-`linear(h, W, b).float() / T`, the math of the actor's log-prob path.
+`linear(h, W, b).float() / T`, the math of the actor's log-prob path (verl's unfused head). There verl's two entropy
+keys apply: `entropy_chunk_size` (`entropy_from_logits_with_chunking`) computes the entropy that many rows at a time,
+and `entropy_checkpointing` recomputes the entropy from the logits in backward (`torch.utils.checkpoint`) instead of
+saving its `[N, V]` softmax. The chunked head needs neither: it already computes the entropy chunk by chunk and
+recomputes each chunk in backward, saving nothing of size N x V.
 """
 from __future__ import annotations
 
@@ -32,18 +36,21 @@ __all__ = ["log_probs_from_hidden"]
 
 def log_probs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                           targets: torch.Tensor, temperature: float = 1.0, *, chunk_size: Optional[int],
-                          with_entropy: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                          with_entropy: bool, entropy_chunk_size: Optional[int] = None,
+                          entropy_checkpointing: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-prob of `targets` `[N]` (float32) and, if `with_entropy`, the entropy `[N]` (float32) of the
     distribution `softmax(linear(hidden, weight, bias) / temperature)`.
 
     hidden `[N, H]` (or `[..., H]` with targets `[...]`), weight `[V, H]` (the LM head, possibly a tied
     embedding), bias `[V]` or None, targets int64. `chunk_size` None or <= 0: the full-logits reference path;
     > 0: chunks of that many tokens, never materialising `[N, V]` (see the module docstring).
+    `entropy_chunk_size` / `entropy_checkpointing`: the full-logits path's entropy in chunks of that many rows /
+    recomputed in backward (ignored by the chunked head, which does both by construction).
     """
     if chunk_size is None or chunk_size <= 0:
         logits = F.linear(hidden, weight, bias).float() / temperature
         log_probs = core_algos.logprobs_from_logits(logits, targets)
-        entropy = core_algos.entropy_from_logits(logits) if with_entropy else None
+        entropy = _entropy(logits, entropy_chunk_size, entropy_checkpointing) if with_entropy else None
         return log_probs, entropy
     lead = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])
@@ -59,6 +66,16 @@ def log_probs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, bias: Opti
     if log_probs.shape != lead:  # (a same-shape reshape would hand FSDP2 a view as the module's output)
         log_probs, entropy = log_probs.reshape(lead), None if entropy is None else entropy.reshape(lead)
     return log_probs, entropy
+
+
+def _entropy(logits: torch.Tensor, chunk: Optional[int], checkpointing: bool) -> torch.Tensor:
+    """Entropy of full logits; with `checkpointing` (and a gradient to take) only `logits` is saved for backward,
+    where the entropy's softmax is recomputed."""
+    if checkpointing and torch.is_grad_enabled() and logits.requires_grad:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(core_algos.entropy_from_logits, logits, chunk, use_reentrant=False)
+    return core_algos.entropy_from_logits(logits, chunk)
 
 
 def _forward_chunks(h, weight, bias, y, temperature: float, chunk: int, with_entropy: bool):

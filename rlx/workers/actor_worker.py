@@ -33,7 +33,7 @@ class ActorRolloutRefWorker(Worker):
         if self.use_ref and arr.model.lora_rank == 0:
             self.ref = ActorEngine(role="ref", actor_cfg=arr.actor, fsdp_cfg=arr.ref.fsdp_config,
                                    strategy=arr.ref.strategy, sp_size=arr.ref.ulysses_sequence_parallel_size,
-                                   **common)
+                                   entropy_cfg=arr.ref, **common)
         self.rollout_name = rollout_name
         self.rollout = self._build_rollout(rollout_name)
         self.agent = self._build_agent_rollout()
@@ -41,11 +41,11 @@ class ActorRolloutRefWorker(Worker):
     def _build_rollout(self, name: str):
         from transformers import AutoTokenizer
 
-        from rlx.models import resolve_model_path
+        from rlx.models import local_model_path
         from rlx.workers.rollout import build_rollout
 
         arr, data = self.cfg.actor_rollout_ref, self.cfg.data
-        path = resolve_model_path(arr.model.path)
+        path = local_model_path(arr.model.path, arr.model.use_shm)  # the engine and tokenizer: from /dev/shm too
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=arr.model.trust_remote_code)
         if arr.model.custom_chat_template:  # carried by the HF export of the checkpoints
             tok.chat_template = arr.model.custom_chat_template
@@ -81,12 +81,16 @@ class ActorRolloutRefWorker(Worker):
         """Sync the FSDP weights into the rollout engine, generate, free the engine's cache. The result's
         `meta["metrics"]` holds the rollout's phases: `timing_s/rollout/{wake,sync,generate,sleep}`,
         `perf/rollout/generated_tokens_per_s` (this rank's) and the GPU memory after each phase."""
+        arr_rollout = self.cfg.actor_rollout_ref.rollout
         m: dict = {}
-        with self.measured("wake", m, "rollout/wake"):  # vLLM sleep mode: the engine's weights come back first
+        # vLLM sleep mode, in stages (verl's order with vLLM, rollout.multi_stage_wake_up or not): the weights, the
+        # sync, then the KV cache once the gathered weights are freed
+        with self.measured("wake", m, "rollout/wake"):
             self.rollout.wake_up("weights")
         with self.measured("sync", m, "rollout/sync"):
-            with self.actor.phase():  # merged base + adapter weights with LoRA (plain HF names)
-                self.rollout.sync_weights(self.actor.policy_weights())
+            # merged base + adapter weights with LoRA (plain HF names); layered_summon: one FSDP unit at a time
+            with self.actor.phase():
+                self.rollout.sync_weights(self.actor.policy_weights(layered=arr_rollout.layered_summon))
         with self.measured("wake", m, "rollout/wake"):  # the KV cache once the FSDP shards left (param offload)
             self.rollout.wake_up("kv_cache")
         if self.rollout_name == "hf":  # the vLLM rollout derives per-data-parallel-rank seeds itself (TP-aware)
