@@ -50,7 +50,10 @@ def dataset_class(cfg: DataConfig) -> type:
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - any failure while importing the user's file
-        raise ValueError(f"{where} failed to import ({type(e).__name__}: {e})") from e
+        hint = ("; a verl dataset class does not load in rlx: port its row reading to a subclass of "
+                "rlx.data.dataset.RLDataset (docs/data.md)" if isinstance(e, ImportError)
+                and str(getattr(e, "name", "") or "").split(".")[0] == "verl" else "")
+        raise ValueError(f"{where} failed to import ({type(e).__name__}: {e}){hint}") from e
     cls = getattr(module, str(name), None)
     if not isinstance(cls, type):
         found = sorted(k for k, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)

@@ -76,7 +76,8 @@ def read_adapter(model_cfg, key: str = "actor_rollout_ref.model.lora_adapter_pat
     bad = {k: cfg[k] for k, ok in UNSUPPORTED.items() if k in cfg and cfg[k] not in ok}
     if bad:
         raise ValueError(f"{at}: {CONFIG_FILE} sets {bad}, which rlx's LoRA does not support (it merges W + "
-                         f"(lora_alpha / r) B A on the decoder layers' linear projections); use an adapter without them")
+                         f"(lora_alpha / r) B A on the decoder layers' linear projections); use an adapter without "
+                         f"them")
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
     if not isinstance(rank, int) or rank <= 0 or not isinstance(alpha, (int, float)) or alpha <= 0:
         raise ValueError(f"{at}: {CONFIG_FILE} has r={rank!r}, lora_alpha={alpha!r}; both must be positive numbers")
