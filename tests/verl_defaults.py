@@ -64,6 +64,7 @@ VERL_DEFAULTS = {
     'actor_rollout_ref.model.exclude_modules': None,
     'actor_rollout_ref.model.external_lib': None,
     'actor_rollout_ref.model.fused_kernel_options.impl_backend': 'torch',
+    'actor_rollout_ref.model.lora_adapter_path': None,
     'actor_rollout_ref.model.lora_alpha': 16,
     'actor_rollout_ref.model.lora_rank': 0,
     'actor_rollout_ref.model.override_config': {},
@@ -170,6 +171,7 @@ VERL_DEFAULTS = {
     'critic.model.enable_activation_offload': False,
     'critic.model.enable_gradient_checkpointing': True,
     'critic.model.external_lib': None,
+    'critic.model.lora_adapter_path': None,
     'critic.model.lora_alpha': 16,
     'critic.model.lora_rank': 0,
     'critic.model.override_config': {},
@@ -200,6 +202,7 @@ VERL_DEFAULTS = {
     'critic.use_dynamic_bsz': False,
     'custom_reward_function.name': 'compute_score',  # legacy null: reward.custom_reward_function.name
     'custom_reward_function.path': None,
+    'data.apply_chat_template_kwargs': {},
     'data.custom_cls': {'path': None, 'name': None},
     'data.dataloader_num_workers': 8,
     'data.filter_overlong_prompts': False,

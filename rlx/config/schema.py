@@ -74,7 +74,14 @@ class DataConfig:
     video_key: str = "videos"
     """verl key (multi-modal data is not supported yet: a row with videos in this column is an error)."""
     custom_cls: dict = field(default_factory=lambda: {"path": None, "name": None})
-    """verl key (custom dataset classes are not supported yet)."""
+    """A dataset class of your own, loaded from a Python file: {path: <file.py>, name: <class name>} (null path:
+    rlx's RLDataset). The file is imported and run, as verl does: point it only at code you trust. The class is
+    built as cls(data_files, tokenizer, config) (config: this data section) and must have rlx's dataset interface
+    (__len__, __getitem__, collate, data_sources; subclassing rlx.data.dataset.RLDataset gives all four; see
+    docs/data.md); checked before the run starts."""
+    apply_chat_template_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments of the tokenizer's apply_chat_template when prompts are formatted (training and
+    validation), e.g. {enable_thinking: false} or {reasoning_effort: low}; the chat template reads them."""
 
 
 @dataclass
@@ -164,6 +171,11 @@ class ModelConfig:
     regex. Checked against the model's modules before the run starts; lm_head / embed_tokens are refused."""
     exclude_modules: Any = None
     """Modules to leave without adapters (lora_rank > 0): a list of module names, or a regex; null: none."""
+    lora_adapter_path: Optional[str] = None
+    """A saved peft LoRA adapter (a directory with adapter_config.json and adapter_model.safetensors or .bin, e.g. a
+    checkpoint's lora_adapter/) to start the policy's adapters from, as verl: LoRA is on even with lora_rank 0, and
+    the rank, alpha and target modules are the adapter's own (a lora_rank > 0 or lora_alpha that disagrees with the
+    file is an error). null: new adapters (lora_B zero)."""
     use_liger: bool = False
     """verl key (not supported yet)."""
     use_fused_kernels: bool = True
@@ -487,6 +499,9 @@ class CriticModelConfig:
     """verl key (inert: critic.model.lora_rank is refused, as verl ignores it without a rank)."""
     target_modules: Any = "all-linear"
     """verl key (inert: critic.model.lora_rank is refused, as verl ignores it without a rank)."""
+    lora_adapter_path: Optional[str] = None
+    """verl key, refused (only null): a saved adapter would put LoRA on the critic, which trains in full in rlx (see
+    lora_rank)."""
 
 
 @dataclass
@@ -765,7 +780,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "data.validation_shuffle": False,
     "data.image_key": "images",
     "data.video_key": "videos",
-    "data.custom_cls": {"path": None, "name": None},
     "actor_rollout_ref.model.use_liger": False,
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": -1,
@@ -784,6 +798,7 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs": {},
     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": None,
     "critic.model.lora_rank": 0,
+    "critic.model.lora_adapter_path": None,
     "critic.model.fsdp_config.fsdp_size": -1,
     "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "critic.optim.total_training_steps": -1,

@@ -286,6 +286,12 @@ def _check_lora(cfg, errors):
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         errors.append(f"{key}.lora_rank={rank!r} must be an integer >= 0 (0 turns LoRA off).")
         return
+    if model.lora_adapter_path is not None and not isinstance(model.lora_adapter_path, str):
+        errors.append(f"{key}.lora_adapter_path={model.lora_adapter_path!r} must be the path of a peft adapter "
+                      f"directory (or null).")
+    if rank == 0 and model.lora_adapter_path:  # the adapter's rank, alpha and targets (checked by the preflight)
+        _check_lora_dtype(cfg, key, "lora_adapter_path", errors)
+        return
     if rank == 0:
         return
     if not isinstance(model.lora_alpha, (int, float)) or isinstance(model.lora_alpha, bool) or model.lora_alpha <= 0:
@@ -322,9 +328,13 @@ def _check_lora(cfg, errors):
                 if missing:
                     errors.append(f"{key}.{k}={listed}: {missing} name no module of {model.path}; its linear modules "
                                   f"are {linear} (or use target_modules=all-linear).")
+    _check_lora_dtype(cfg, key, f"lora_rank={rank}", errors)
+
+
+def _check_lora_dtype(cfg, key, what, errors):
     strategy = cfg.actor_rollout_ref.actor.strategy
     if strategy == "fsdp" and cfg.actor_rollout_ref.actor.fsdp_config.model_dtype not in ("fp32", "float32"):
-        errors.append(f"{key}.lora_rank={rank} with actor.strategy=fsdp and actor.fsdp_config.model_dtype="
+        errors.append(f"{key}.{what} with actor.strategy=fsdp and actor.fsdp_config.model_dtype="
                       f"{cfg.actor_rollout_ref.actor.fsdp_config.model_dtype}: FSDP1 flattens a layer's frozen base "
                       f"and its fp32 adapters into one buffer of one dtype. Fix: actor.strategy=fsdp2 (a bf16 base "
                       f"with fp32 adapters), or actor.fsdp_config.model_dtype=fp32.")
@@ -513,6 +523,33 @@ def _check_data_trainer(cfg, errors):
         errors.append(f"trainer.total_training_steps={t.total_training_steps} must be positive or null.")
 
 
+# apply_chat_template arguments that rlx's dataset sets itself
+CHAT_TEMPLATE_OWN_KWARGS = ("conversation", "tokenize", "add_generation_prompt", "return_dict", "return_tensors")
+
+
+def _check_data_keys(cfg, errors):
+    """data.apply_chat_template_kwargs and data.custom_cls have the right shape (the class itself is loaded and
+    checked by the preflight)."""
+    kwargs = cfg.data.apply_chat_template_kwargs
+    if not isinstance(kwargs, dict):
+        errors.append(f"data.apply_chat_template_kwargs={kwargs!r} must be a mapping of keyword arguments, e.g. "
+                      f"data.apply_chat_template_kwargs.enable_thinking=false.")
+    else:
+        own = [k for k in kwargs if k in CHAT_TEMPLATE_OWN_KWARGS]
+        if own:
+            errors.append(f"data.apply_chat_template_kwargs sets {own}, which rlx's dataset sets itself (prompts are "
+                          f"rendered as text with add_generation_prompt=True, then tokenized). Fix: remove them.")
+    custom = cfg.data.custom_cls
+    if not isinstance(custom, dict) or set(custom) - {"path", "name"}:
+        errors.append(f"data.custom_cls={custom!r} must be {{path: <file.py>, name: <class name>}} (or both null).")
+    elif custom.get("path") and not custom.get("name"):
+        errors.append(f"data.custom_cls.path={custom['path']!r} needs data.custom_cls.name=<the dataset class in "
+                      f"that file>.")
+    elif custom.get("name") and not custom.get("path"):
+        errors.append(f"data.custom_cls.name={custom['name']!r} without data.custom_cls.path: set the path of the "
+                      f"Python file that defines it (or set the name back to null).")
+
+
 def _check_device(cfg, errors):
     from rlx.config.device import fsdp_configs, joins_cluster, visible_gpu_count
 
@@ -605,6 +642,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_reward(cfg, errors)
     _check_reward_model(cfg, errors)
     _check_data_trainer(cfg, errors)
+    _check_data_keys(cfg, errors)
     _check_device(cfg, errors)
     _check_output_paths(cfg, errors)
     if errors:

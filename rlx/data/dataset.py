@@ -100,7 +100,9 @@ class RLDataset:
         self.truncation = cfg.truncation
         self.filter_overlong_prompts = bool(cfg.filter_overlong_prompts)
         self.apply_chat_template = bool(cfg.apply_chat_template)
+        self.chat_template_kwargs = dict(cfg.apply_chat_template_kwargs or {})
         self.return_raw_chat = bool(cfg.return_raw_chat)
+        self.use_shm = bool(cfg.use_shm)  # verl's data.use_shm: read each file from a copy in /dev/shm
         self.media_keys = {"data.image_key": cfg.image_key, "data.video_key": cfg.video_key}
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={self.truncation!r}; choose one of {TRUNCATION_MODES}")
@@ -111,15 +113,10 @@ class RLDataset:
             raise ValueError("the tokenizer has neither a pad nor an eos token; cannot left-pad prompts")
         self.pad_token_id = int(pad)
 
-        required = [self.prompt_key, self.reward_fn_key, "reward_model"]
         rows: list[dict] = []
         origins: list[str] = []
-        use_shm = bool(cfg.use_shm)  # verl's data.use_shm: read each file from a copy in /dev/shm
         for f in self.files:
-            if synthetic.is_synthetic(f):
-                file_rows = synthetic.generate_rows(f)
-            else:
-                file_rows = _read_parquet(_shm_copy(f) if use_shm else f, required)
+            file_rows = self.read_rows(f)
             self._check_columns(file_rows, f)
             rows.extend(file_rows)
             origins.extend([f] * len(file_rows))
@@ -188,6 +185,15 @@ class RLDataset:
                                      f"{type(value).__name__} data, but rlx does not support multi-modal data yet; "
                                      f"remove the column (or its values) to train on the text prompts alone")
 
+    def read_rows(self, path: str) -> list[dict]:
+        """The rows of one data file in verl's row format (see the module docstring): a parquet file or a
+        synthetic source. A custom dataset class (data.custom_cls) may subclass RLDataset and override this to read
+        another format; tokenizing, truncation and collation stay rlx's."""
+        if synthetic.is_synthetic(path):
+            return synthetic.generate_rows(path)
+        return _read_parquet(_shm_copy(path) if self.use_shm else path,
+                             [self.prompt_key, self.reward_fn_key, "reward_model"])
+
     def data_sources(self) -> set[str]:
         """The distinct `data_source` values (what picks the reward function)."""
         return {item["data_source"] for item in self._items}
@@ -202,7 +208,8 @@ class RLDataset:
                              f"messages [{{'role': 'user', 'content': ...}}] or a string, got {prompt!r:.200}")
         if self.apply_chat_template and getattr(self.tokenizer, "chat_template", None):
             messages = [{"role": m.get("role") or "user", "content": m["content"]} for m in prompt]
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                      **self.chat_template_kwargs)
         return "\n".join(str(m["content"]) for m in prompt)
 
     def _truncate(self, tok: list[int], text: str, origin: str, i: int) -> list[int]:

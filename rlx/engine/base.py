@@ -62,7 +62,9 @@ class FSDPEngine:
                                  external_lib=model_cfg.external_lib, attn_implementation=attn)
         self.num_layers = model.config.num_hidden_layers
         self.lora = None  # LoRA (peft) on the plain HF model, first: the head, tiling and FSDP see its modules
-        if model_cfg.lora_rank > 0:
+        from rlx.engine.lora import lora_enabled
+
+        if lora_enabled(model_cfg):
             from rlx.engine.lora import apply_lora
 
             if strategy == "fsdp" and any(p.dtype != torch.float32 for p in model.parameters()):

@@ -64,23 +64,38 @@ def _decoder_layer_prefixes(model: nn.Module) -> list[str]:
     return [n + "." for n, m in model.named_modules() if type(m).__name__ in names]
 
 
-def apply_lora(model: nn.Module, model_cfg, key: str = "actor_rollout_ref.model") -> LoraSpec:
-    """Inject LoRA adapters into `model` (an HF causal LM, before any wrapping) and freeze everything else.
+def lora_enabled(model_cfg) -> bool:
+    """LoRA is on with a rank, or with an adapter to start from (verl: the adapter's own rank)."""
+    return model_cfg.lora_rank > 0 or bool(model_cfg.lora_adapter_path)
 
-    Raises ValueError naming `key` when a listed module does not exist, when the targets match nothing, or when
-    they match a module outside the decoder layers' linear projections."""
+
+def apply_lora(model: nn.Module, model_cfg, key: str = "actor_rollout_ref.model") -> LoraSpec:
+    """Inject LoRA adapters into `model` (an HF causal LM, before any wrapping) and freeze everything else; with
+    `lora_adapter_path`, the adapters are the saved adapter's (its rank, alpha, targets and weights).
+
+    Raises ValueError naming `key` when a listed module does not exist, when the targets match nothing, when
+    they match a module outside the decoder layers' linear projections, or when the saved adapter does not fit."""
     from peft import LoraConfig, get_peft_model
     from peft.tuners.lora import LoraLayer
 
     rank, alpha = model_cfg.lora_rank, model_cfg.lora_alpha
     target, exclude = _targets(model_cfg.target_modules), _targets(model_cfg.exclude_modules)
+    adapter = None
+    if model_cfg.lora_adapter_path:
+        from rlx.engine.lora_adapter import read_adapter
+
+        adapter = read_adapter(model_cfg, f"{key}.lora_adapter_path")
+        rank, alpha, target, exclude = adapter.rank, adapter.alpha, adapter.target_modules, adapter.exclude_modules
+    # where the targets come from, for the messages: the config's keys, or the adapter's file
+    at = (f"{key}.lora_adapter_path={model_cfg.lora_adapter_path!r}: adapter_config.json " if adapter is not None
+          else f"{key}.")
     names = [n for n, _ in model.named_modules()]
     for k, listed in (("target_modules", target), ("exclude_modules", exclude)):
         if isinstance(listed, list):
             missing = [t for t in listed if not any(n == t or n.endswith("." + t) for n in names)]
             if missing:
                 linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-                raise ValueError(f"{key}.{k}={listed}: {missing} name no module of {type(model).__name__}; its "
+                raise ValueError(f"{at}{k}={listed}: {missing} name no module of {type(model).__name__}; its "
                                  f"linear modules are {linear} (or use target_modules=all-linear)")
     cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=target, exclude_modules=exclude, lora_dropout=0.0,
                      bias="none", task_type="CAUSAL_LM")
@@ -91,17 +106,21 @@ def apply_lora(model: nn.Module, model_cfg, key: str = "actor_rollout_ref.model"
             torch.manual_seed(INIT_SEED)
             get_peft_model(model, cfg, autocast_adapter_dtype=True)
     except ValueError as e:  # peft: "Target modules ... not found in the base model"
-        raise ValueError(f"{key}.target_modules={target!r} (exclude_modules={exclude!r}): {e}") from None
+        raise ValueError(f"{at}target_modules={target!r} (exclude_modules={exclude!r}): {e}") from None
     layers = _decoder_layer_prefixes(model)
     adapted = [n for n, m in model.named_modules() if isinstance(m, LoraLayer)]
     outside = [n for n, m in model.named_modules() if isinstance(m, LoraLayer)
                and (not isinstance(m.get_base_layer(), nn.Linear) or not any(n.startswith(p) for p in layers))]
     if outside:
-        raise ValueError(f"{key}.target_modules={target!r} matches {outside}: rlx puts LoRA on the decoder layers' "
+        raise ValueError(f"{at}target_modules={target!r} matches {outside}: rlx puts LoRA on the decoder layers' "
                          f"linear projections only (the fused head reads the output projection's weight, tied to the "
                          f"embedding); list projections such as q_proj, v_proj, gate_proj, or use all-linear")
     if not adapted:
-        raise ValueError(f"{key}.target_modules={target!r} (exclude_modules={exclude!r}) matches no module")
+        raise ValueError(f"{at}target_modules={target!r} (exclude_modules={exclude!r}) matches no module")
+    if adapter is not None:
+        from rlx.engine.lora_adapter import load_adapter_weights
+
+        load_adapter_weights(model, adapter)
     for n, p in model.named_parameters():
         p.requires_grad_(_LORA_PARAM.match(n) is not None)
     return LoraSpec(rank=rank, alpha=float(alpha), modules=adapted, peft_config=cfg)

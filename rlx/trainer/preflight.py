@@ -9,7 +9,8 @@ seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
   data.max_response_length` fits the model's context;
 - data: every file of `data.train_files` / `data.val_files` loads through the dataset code itself (exists, is
   parquet, has the needed columns and rows, prompts fit `data.max_prompt_length`), and the train set holds at
-  least one batch;
+  least one batch; a `data.custom_cls` class is loaded from its file and must fit rlx's dataset interface;
+- LoRA: `actor_rollout_ref.model.lora_adapter_path` is a peft adapter directory rlx can start from;
 - reward: the custom reward file imports and defines the function; without one, every `data_source` has a
   built-in reward;
 - rollout: the vLLM a vLLM rollout will use is not older than the oldest supported release and was built for the
@@ -86,6 +87,7 @@ def preflight(cfg: RLXConfig) -> DriverInputs:
     else:
         problems.append("data.train_files / data.val_files: not checked (no tokenizer to read them with; see above).")
     score_fn = _check_reward(cfg, [ds for ds in (train, val) if ds is not None], problems)
+    _check_lora_adapter(cfg, problems)
     _check_vllm(cfg, problems)
     _check_writable(cfg, problems)
     resume_dir = _check_resume(cfg, problems)
@@ -198,10 +200,10 @@ def _check_context(cfg: RLXConfig, model_dir: str, problems: list[str]) -> None:
 
 # ---------------------------------------------------------------------------------------------- data and reward
 def _load_dataset(key: str, files, tokenizer, cfg: RLXConfig, problems: list[str]):
-    from rlx.data.dataset import RLDataset
+    from rlx.data.custom import build_dataset
 
     try:
-        return RLDataset(files, tokenizer, cfg.data)
+        return build_dataset(files, tokenizer, cfg.data)
     except ValueError as e:
         problems.append(f"{key}: {e}")
     except Exception as e:  # noqa: BLE001 - e.g. a tokenizer failing on a row: still a data problem, not a crash
@@ -231,6 +233,19 @@ def _check_reward(cfg: RLXConfig, datasets: list, problems: list[str]):
                             f"built-in reward (known: {sorted(known)}). Fix: set custom_reward_function.path=<file.py> "
                             f"defining compute_score(data_source, solution_str, ground_truth, extra_info=None).")
     return fn
+
+
+def _check_lora_adapter(cfg: RLXConfig, problems: list[str]) -> None:
+    """The adapter to start LoRA from is a peft LoRA directory rlx can use (its weights' fit to the model is checked
+    when the workers build it)."""
+    if not cfg.actor_rollout_ref.model.lora_adapter_path:
+        return
+    from rlx.engine.lora_adapter import read_adapter
+
+    try:
+        read_adapter(cfg.actor_rollout_ref.model)
+    except ValueError as e:
+        problems.append(f"{e}.")
 
 
 # ---------------------------------------------------------------------------------------------- rollout

@@ -18,6 +18,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self, total_steps: int, rollout_name: str) -> None:
         from rlx.engine.actor import ActorEngine
         from rlx.engine.base import role_micro_batch_tokens
+        from rlx.engine.lora import lora_enabled
 
         arr = self.cfg.actor_rollout_ref
         self.use_ref = arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
@@ -30,7 +31,7 @@ class ActorRolloutRefWorker(Worker):
                                  **common)
         self.ref = None
         # with LoRA the ref is the actor's own module with its adapters switched off (verl): no second model
-        if self.use_ref and arr.model.lora_rank == 0:
+        if self.use_ref and not lora_enabled(arr.model):
             self.ref = ActorEngine(role="ref", actor_cfg=arr.actor, fsdp_cfg=arr.ref.fsdp_config,
                                    strategy=arr.ref.strategy, sp_size=arr.ref.ulysses_sequence_parallel_size,
                                    entropy_cfg=arr.ref, **common)
