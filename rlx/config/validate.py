@@ -431,9 +431,9 @@ def _check_data_trainer(cfg, errors):
     loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
     for name in loggers:
         _choice(errors, "trainer.logger", name, LOGGERS)
-    if "wandb" in loggers and importlib.util.find_spec("wandb") is None:
-        errors.append("trainer.logger includes wandb but wandb is not installed: pip install wandb "
-                      "(or drop it from trainer.logger).")
+    if "wandb" in loggers and importlib.util.find_spec("wandb") is None:  # a dependency: a broken install only
+        errors.append("trainer.logger includes wandb but wandb is not installed (a dependency of rlx): "
+                      "pip install wandb (or drop it from trainer.logger).")
     if t.total_training_steps is not None and t.total_training_steps <= 0:
         errors.append(f"trainer.total_training_steps={t.total_training_steps} must be positive or null.")
 
