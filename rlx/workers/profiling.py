@@ -116,6 +116,7 @@ class WorkerProfiler:
         self.memory_on = self.memory is not None and memory[0].enable and rank_chosen(memory[0], rank)
         self.prof: torch.profiler.profile | None = None
         self.steps: list[int] = []
+        self.written: list[str] = []  # trace files of the window
 
     def start(self, step: int) -> None:
         """Begin (or, with continuous steps, extend) a profiled window at training step `step`."""
@@ -127,15 +128,16 @@ class WorkerProfiler:
             self.prof.start()
 
     def stop(self) -> list[str]:
-        """End the window: write its trace (and memory snapshot); returns the trace files written."""
-        written = []
+        """End the window: write its trace (and memory snapshot); returns the window's trace files."""
         if self.prof is not None:
             self.prof.stop()
-            written = self._export(self.prof, self.save_paths, self.worker)
+            first, last = self.steps[0], self.steps[-1]
+            steps = f"step{first}" if first == last else f"steps{first}-{last}"
+            self._export(self.prof, self.save_paths, f"{self.worker}_{steps}")
             self.prof = None
         if self.memory_on:
             self.memory.stop()
-        self.steps = []
+        written, self.written, self.steps = self.written, [], []
         return written
 
     @contextlib.contextmanager
@@ -156,22 +158,21 @@ class WorkerProfiler:
                 yield
         finally:
             prof.stop()
-            self._export(prof, [cfg.save_path], f"{self.worker}_{name}")
+            self._export(prof, [cfg.save_path], f"{self.worker}_{name}_step{self.steps[-1]}")
 
     def _export(self, prof: torch.profiler.profile, save_paths: list[str], name: str) -> list[str]:
-        first, last = self.steps[0], self.steps[-1]
-        steps = f"step{first}" if first == last else f"steps{first}-{last}"
         written = []
         for save_path in save_paths:
             out = resolve_path(save_path)
             os.makedirs(out, exist_ok=True)
-            path = os.path.join(out, f"{name}_{steps}_rank{self.rank}.json.gz")
+            path = os.path.join(out, f"{name}_rank{self.rank}.json.gz")
             if written:
                 shutil.copyfile(written[0], path)
             else:
                 prof.export_chrome_trace(path)
             written.append(path)
         log.info("profiler trace of %s written to %s", name, ", ".join(written))
+        self.written += written
         return written
 
 
