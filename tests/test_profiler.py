@@ -184,6 +184,16 @@ def test_bad_values_name_the_key(override, message):
         load_config(["global_profiler.tool=torch", "trainer.device=cpu", override])
 
 
+def test_a_ray_job_needs_an_absolute_save_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what `ray job submit` sets in its driver
+    on = ["global_profiler.tool=torch", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=True"]
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.profiler\.save_path='outputs/profile' is a "
+                                         r"relative path \(profiler output goes there\)"):
+        load_config(on)
+    load_config(on + [f"global_profiler.save_path={tmp_path}"])
+    load_config(["global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=True"])  # no tool: no output
+
+
 def test_verls_profiler_keys_compose():
     """verl's example spelling (nsys/npu options set with the torch tool are inert, as in verl)."""
     cfg = load_config(["global_profiler.tool=torch", "global_profiler.steps=[1,2,5]",
@@ -196,3 +206,44 @@ def test_verls_profiler_keys_compose():
     assert arr.actor.profiler.tool == arr.rollout.profiler.tool == cfg.critic.profiler.tool == "torch"
     assert arr.rollout.profiler.enable and arr.rollout.profiler.ranks == [0, 1]  # the rollout follows the actor
     assert arr.actor.profiler.save_path == "./outputs/profile"
+
+
+# ---- torch_memory on a GPU ---------------------------------------------------------------------------------------------
+TORCH_MEMORY_CHILD = """
+import sys, torch
+from rlx.config import load_config
+from rlx.workers.profiling import TorchMemory
+cfg = load_config(["trainer.device=cuda", "trainer.n_gpus_per_node=1", "global_profiler.tool=torch_memory",
+                   "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=True",
+                   "global_profiler.save_path=" + sys.argv[1]], config_name="quickstart")
+memory = TorchMemory(cfg.actor_rollout_ref.actor.profiler, cfg.global_profiler, rank=0, chosen=True)
+memory.start(1)
+kept = torch.empty(48 << 20, dtype=torch.uint8, device="cuda")  # 48 MiB, allocated inside the window
+memory.stop()
+try:
+    torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # 1 PiB: out of memory
+except torch.OutOfMemoryError:
+    print("oom raised")
+"""
+
+
+@pytest.mark.gpu
+def test_torch_memory_writes_snapshots_of_the_step_and_at_out_of_memory(tmp_path):
+    import glob
+    import pickle
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "profile"
+    proc = subprocess.run([sys.executable, "-c", TORCH_MEMORY_CHILD, str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0 and "oom raised" in proc.stdout, proc.stdout + proc.stderr
+    step = glob.glob(str(out / "step1" / "torch_memory_rank0_pid*.pickle"))
+    oom = glob.glob(str(out / "oom_*" / "torch_memory_oom_rank0_pid*.pickle"))
+    assert len(step) == 1 and len(oom) == 1, sorted(p.relative_to(out) for p in out.rglob("*"))
+    with open(step[0], "rb") as f:
+        snapshot = pickle.load(f)
+    events = [e for trace in snapshot["device_traces"] for e in trace]
+    assert any(e["action"] == "alloc" and e["size"] >= 48 << 20 for e in events), events[-5:]
