@@ -109,6 +109,55 @@ def test_the_run_logged_to_wandb_offline_without_network(profiled_run):
     assert requests == []
 
 
+# ---- one worker process's profiler, in this process ------------------------------------------------------------------
+def worker_profiler(overrides, rank=0):
+    import torch
+
+    from rlx.workers.profiling import WorkerProfiler
+
+    cfg = load_config(["global_profiler.tool=torch"] + overrides)
+    arr = cfg.actor_rollout_ref
+    roles = {"actor": arr.actor.profiler, "rollout": arr.rollout.profiler}
+    return WorkerProfiler("w", roles, cfg.global_profiler, rank, torch.device("cpu"))
+
+
+def test_a_phase_run_twice_in_a_discrete_window_keeps_both_traces(tmp_path):
+    import torch
+
+    prof = worker_profiler(["actor_rollout_ref.actor.profiler.enable=True", f"global_profiler.save_path={tmp_path}",
+                            "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=True"])
+    prof.start(3)
+    for n in (4, 8):  # the step's generation, then the validation's
+        with prof.phase("rollout_generate", "rollout"):
+            torch.ones(n, n).matmul(torch.ones(n, n))
+    written = prof.stop()
+    assert [os.path.basename(p) for p in written] == ["w_rollout_generate_step3_rank0.json.gz",
+                                                      "w_rollout_generate_step3_part2_rank0.json.gz"]
+    for path in written:  # each holds its own run of the phase
+        mm = [e for e in trace_events(path) if e.get("name") == "aten::mm"]
+        assert len(mm) == 1 and annotations(trace_events(path)) == ["rollout_generate"]
+    with prof.phase("rollout_generate", "rollout"):  # outside a window: nothing recorded
+        pass
+    assert prof.stop() == [] and len(os.listdir(tmp_path)) == 2
+
+
+def test_unchosen_rank_and_roles_without_enable_record_nothing(tmp_path):
+    import torch
+
+    on = ["actor_rollout_ref.actor.profiler.enable=True", f"global_profiler.save_path={tmp_path}"]
+    for overrides, rank in ((on, 1), (on + ["actor_rollout_ref.actor.profiler.ranks=[0,2]"], 1),
+                            ([f"global_profiler.save_path={tmp_path}"], 0)):
+        prof = worker_profiler(overrides, rank)
+        prof.start(1)
+        with prof.phase("actor_update", "actor"):
+            torch.ones(2).sum()
+        assert prof.stop() == []
+    assert not os.path.exists(tmp_path) or os.listdir(tmp_path) == []
+    prof = worker_profiler(on + ["actor_rollout_ref.actor.profiler.ranks=[0,2]"], rank=2)
+    prof.start(1)
+    assert [os.path.basename(p) for p in prof.stop()] == ["w_step1_rank2.json.gz"]
+
+
 # ---- which steps make a window ---------------------------------------------------------------------------------------
 class Group:
     """What StepProfiling calls on a worker group, recorded."""

@@ -117,6 +117,7 @@ class WorkerProfiler:
         self.prof: torch.profiler.profile | None = None
         self.steps: list[int] = []
         self.written: list[str] = []  # trace files of the window
+        self.parts: dict[str, int] = {}  # discrete traces of the window per phase and step
 
     def start(self, step: int) -> None:
         """Begin (or, with continuous steps, extend) a profiled window at training step `step`."""
@@ -137,7 +138,7 @@ class WorkerProfiler:
             self.prof = None
         if self.memory_on:
             self.memory.stop()
-        written, self.written, self.steps = self.written, [], []
+        written, self.written, self.steps, self.parts = self.written, [], [], {}
         return written
 
     @contextlib.contextmanager
@@ -158,7 +159,9 @@ class WorkerProfiler:
                 yield
         finally:
             prof.stop()
-            self._export(prof, [cfg.save_path], f"{self.worker}_{name}_step{self.steps[-1]}")
+            label = f"{self.worker}_{name}_step{self.steps[-1]}"
+            self.parts[label] = self.parts.get(label, 0) + 1  # a phase run again (validation's generation)
+            self._export(prof, [cfg.save_path], label + (f"_part{self.parts[label]}" if self.parts[label] > 1 else ""))
 
     def _export(self, prof: torch.profiler.profile, save_paths: list[str], name: str) -> list[str]:
         written = []
