@@ -13,10 +13,11 @@ What runs (no Ray: the worker groups are replaced by the worker classes themselv
 before and after training, a checkpoint save, then a resume from it and a damaged-checkpoint lookup -- with GAE
 (critic), a KL loss and a KL penalty (ref), the actor on FSDP1 and the ref and critic on FSDP2, activation offload
 on both, dynamic batch sizes, cosine schedules, the dapo reward manager with a custom reward file, sampled
-validation with n=2 and logged generations, the HF rollout. Then the vLLM rollout is built from the same worker
+validation with n=2 and logged generations, the HF rollout, the torch profiler on step 1 (a trace per phase: the
+roles share this one process, where torch's profiler cannot nest). Then the vLLM rollout is built from the same worker
 with a stand-in `vllm` module (engine arguments and sampling parameters, once as on CPU and once as on CUDA), and an
-actor engine with LoRA adapters (model.lora_*), and a reward-model worker scoring a generated batch
-(reward_model.*).
+actor engine with LoRA adapters (model.lora_*), a reward-model worker scoring a generated batch
+(reward_model.*), and the torch_memory tool of each role with CUDA's allocator calls stood in for.
 """
 from __future__ import annotations
 
@@ -196,6 +197,11 @@ def main(out_path: str) -> None:
         "critic.use_dynamic_bsz=True",
         "reward_model.reward_manager=dapo", f"{buffer}.enable=True", f"{buffer}.len=2", f"{buffer}.penalty_factor=1.0",
         f"{buffer}.log=True", f"custom_reward_function.path={reward_file}",
+        "global_profiler.tool=torch", "global_profiler.steps=[1]", f"global_profiler.save_path={work}/profile",
+        "actor_rollout_ref.actor.profiler.enable=True", "actor_rollout_ref.ref.profiler.enable=True",
+        "critic.profiler.enable=True", "critic.profiler.tool_config.torch.discrete=True",
+        "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=True",  # (one process here: no nested traces)
+        "actor_rollout_ref.ref.profiler.tool_config.torch.discrete=True",
     ], config_name="quickstart")
     record_reads(cfg)
 
@@ -254,6 +260,17 @@ def main(out_path: str) -> None:
     trainer.score(trainer.generate(trainer.train_loader.next_batch(), validate=False), {})
     # the agent loop (rollout.mode=async, multi_turn.*) on the worker's HF rollout: a tool_agent that calls a tool
     agent_multi_turn(trainer.actor.worker, work)
+    # the torch_memory tool of each role, with CUDA's allocator history stood in for
+    from rlx.workers.profiling import TorchMemory
+
+    torch.cuda.memory._record_memory_history = lambda *a, **k: None
+    torch.cuda.memory._dump_snapshot = lambda path: open(path, "wb").close()
+    torch.cuda.synchronize = lambda *a: None
+    torch._C._cuda_attach_out_of_memory_observer = lambda callback: None
+    for role in (arr.actor.profiler, arr.ref.profiler, cfg.critic.profiler):
+        memory = TorchMemory(role, cfg.global_profiler, rank=0, chosen=True)
+        memory.start(1)
+        memory.stop()
 
     # the vLLM rollout of the same worker, with a stand-in engine: as on this CPU, then as on a GPU
     sys.modules["vllm"] = fake_vllm_module()

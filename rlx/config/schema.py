@@ -18,6 +18,8 @@ from typing import Any, Optional
 from rlx.config.agent import AgentLoopConfig, MultiTurnConfig
 from rlx.config.offload import ActivationOffloadConfig
 from rlx.config.reward import ENGINE_ONLY, RewardModelRolloutConfig, RewardSection, SandboxFusionConfig
+from rlx.config import profiler
+from rlx.config.profiler import GlobalProfilerConfig, RoleProfilerConfig, RolloutProfilerConfig
 
 
 @dataclass
@@ -298,6 +300,8 @@ class ActorConfig:
     """Optimizer (lr 1e-6, verl's; the quickstart config's tiny model uses 3e-3)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """FSDP settings of the actor."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """Profiler of the actor (its log-prob and update phases; the worker's whole step in one trace by default)."""
 
 
 @dataclass
@@ -330,6 +334,8 @@ class RefConfig:
     """Tokens per chunk of entropy_from_logits_with_chunking."""
     entropy_checkpointing: bool = False
     """As actor.entropy_checkpointing, for the reference model (no backward runs through the ref)."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """Profiler of the reference policy's log-prob phase (it runs in the actor's worker process)."""
 
 
 @dataclass
@@ -444,6 +450,8 @@ class RolloutConfig:
     """The agent loop of rollout.mode=async."""
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
     """How the trained weights reach the rollout engine (verl's checkpoint engine)."""
+    profiler: RolloutProfilerConfig = field(default_factory=RolloutProfilerConfig)
+    """Profiler of the rollout phase (weight sync and generation, in the actor's worker process)."""
 
 
 @dataclass
@@ -546,6 +554,8 @@ class CriticConfig:
     """Aggregation of the value loss."""
     checkpoint: CheckpointContents = field(default_factory=CheckpointContents)
     """Checkpoint contents."""
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    """Profiler of the critic worker."""
 
 
 @dataclass
@@ -771,6 +781,8 @@ class RLXConfig:
     """Loop, logging, checkpoints, resources."""
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
     """Ray."""
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
+    """Profiling: which steps, which tool, where the traces go (each role's profiler key says which ranks)."""
 
 
 # verl keys that exist for compatibility but are not implemented: key -> the only accepted value.
@@ -819,6 +831,7 @@ NOT_SUPPORTED: dict[str, Any] = {
     "trainer.rollout_data_dir": None,
     "trainer.validation_data_dir": None,
 }
+NOT_SUPPORTED.update(profiler.NOT_SUPPORTED)  # the torch profiler's schedule, vLLM's engine-side trace
 
 
 # verl's deprecated global batch-size keys: refused unless null, pointing at the per-GPU key that replaces them.
@@ -867,6 +880,7 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     "critic.model.lora_alpha": "inert without critic.model.lora_rank > 0 (refused), as in verl",
     "critic.model.target_modules": "inert without critic.model.lora_rank > 0 (refused), as in verl",
 }
+NO_OP_BY_DESIGN.update(profiler.NO_OP_BY_DESIGN)  # options of the refused nsys/npu tools; torch's stack depth
 
 
 # The keys whose rlx default is not verl 0.9.1's (every other key shared with verl has verl's default; the test

@@ -10,6 +10,7 @@ import json
 import os
 
 from rlx.algos.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
+from rlx.config.profiler import TORCH_CONTENTS
 from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, RLXConfig
 
 STRATEGIES = ("fsdp", "fsdp2")
@@ -22,6 +23,13 @@ ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
 LOAD_FORMATS = ("dummy_dtensor", "dummy", "auto", "safetensors", "pt")
 REWARD_MANAGERS = ("naive", "dapo", "batch")
 OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")
+PROFILER_TOOLS = (None, "torch", "torch_memory")
+REFUSED_PROFILER_TOOLS = {
+    "nsys": "NVIDIA Nsight Systems needs the workers started under nsys (verl's Ray runtime-env hook), which rlx does "
+            "not do; for GPU kernels and timelines use global_profiler.tool=torch (its traces hold the CUDA kernels)",
+    "npu": "Ascend NPUs are not a device rlx runs on",
+    "precision_debugger": "msprobe's precision debugger is Ascend tooling rlx does not integrate",
+}
 
 
 def _get(cfg, dotted: str):
@@ -516,9 +524,9 @@ def _check_data_trainer(cfg, errors):
     loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
     for name in loggers:
         _choice(errors, "trainer.logger", name, LOGGERS)
-    if "wandb" in loggers and importlib.util.find_spec("wandb") is None:
-        errors.append("trainer.logger includes wandb but wandb is not installed: pip install wandb "
-                      "(or drop it from trainer.logger).")
+    if "wandb" in loggers and importlib.util.find_spec("wandb") is None:  # a dependency: a broken install only
+        errors.append("trainer.logger includes wandb but wandb is not installed (a dependency of rlx): "
+                      "pip install wandb (or drop it from trainer.logger).")
     if t.total_training_steps is not None and t.total_training_steps <= 0:
         errors.append(f"trainer.total_training_steps={t.total_training_steps} must be positive or null.")
 
@@ -548,6 +556,53 @@ def _check_data_keys(cfg, errors):
     elif custom.get("name") and not custom.get("path"):
         errors.append(f"data.custom_cls.name={custom['name']!r} without data.custom_cls.path: set the path of the "
                       f"Python file that defines it (or set the name back to null).")
+def profiler_roles(cfg) -> dict:
+    """{key of a role's profiler: its config} of the roles this job builds; the actor worker's ones first."""
+    arr = cfg.actor_rollout_ref
+    roles = {"actor_rollout_ref.actor.profiler": arr.actor.profiler,
+             "actor_rollout_ref.rollout.profiler": arr.rollout.profiler}
+    if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        roles["actor_rollout_ref.ref.profiler"] = arr.ref.profiler
+    if cfg.algorithm.adv_estimator == "gae":
+        roles["critic.profiler"] = cfg.critic.profiler
+    return roles
+
+
+def _check_profiler(cfg, errors):
+    """global_profiler.* and the roles' profiler keys (rlx.workers.profiling)."""
+    g = cfg.global_profiler
+    tools = {"global_profiler.tool": g.tool,  # a role's own tool is named where it is not the global one it follows
+             **{f"{k}.tool": c.tool for k, c in profiler_roles(cfg).items() if c.tool != g.tool}}
+    for key, tool in tools.items():
+        if tool in REFUSED_PROFILER_TOOLS:
+            errors.append(f"{key}={tool} is not supported by rlx: {REFUSED_PROFILER_TOOLS[tool]}. Fix: "
+                          f"global_profiler.tool=torch (chrome traces) or torch_memory (CUDA memory snapshots).")
+        elif tool not in PROFILER_TOOLS:
+            errors.append(f"{key}={tool!r} is not valid; choose one of {list(PROFILER_TOOLS)}.")
+        elif tool == "torch_memory" and cfg.trainer.device != "cuda":
+            errors.append(f"{key}=torch_memory records CUDA's allocator and needs trainer.device=cuda (this run: "
+                          f"{cfg.trainer.device}). Fix: global_profiler.tool=torch (its contents=[memory] records "
+                          f"CPU allocations too), or run on GPUs.")
+    steps = g.steps or []
+    if not isinstance(steps, list) or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in steps):
+        errors.append(f"global_profiler.steps={g.steps!r} must be a list of training steps (1, 2, ...) or null.")
+    traced = {}
+    for key, c in profiler_roles(cfg).items():
+        contents = c.tool_config.torch.contents
+        bad = [x for x in contents if x not in TORCH_CONTENTS]
+        if bad:
+            errors.append(f"{key}.tool_config.torch.contents has {bad}; choose among {list(TORCH_CONTENTS)}.")
+        if "cuda" in contents and cfg.trainer.device != "cuda":
+            errors.append(f"{key}.tool_config.torch.contents has cuda (GPU kernels) but trainer.device="
+                          f"{cfg.trainer.device}. Fix: leave cuda out (CPU operators are always recorded).")
+        if any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in c.ranks):
+            errors.append(f"{key}.ranks={c.ranks!r} must list ranks (0, 1, ...).")
+        if c.tool == "torch" and c.enable and not key.startswith("critic."):
+            traced[key] = c.tool_config.torch.discrete
+    if len(set(traced.values())) > 1:  # one process, one torch profiler at a time
+        shown = ", ".join(f"{k}.tool_config.torch.discrete={v}" for k, v in traced.items())
+        errors.append(f"the actor, rollout and ref phases run in one process, whose profiler is either one trace "
+                      f"per step or one per phase: {shown} differ. Fix: give them the same value.")
 
 
 def _check_device(cfg, errors):
@@ -613,6 +668,9 @@ def _check_output_paths(cfg, errors):
         paths["trainer.default_local_dir"] = (t.default_local_dir, ", ".join(writers) + " go there")
     if t.resume_mode == "resume_path":
         paths["trainer.resume_from_path"] = (t.resume_from_path, "the checkpoint to resume from is read there")
+    for key, c in profiler_roles(cfg).items():  # traces and memory snapshots
+        if c.tool == "torch_memory" or (c.tool == "torch" and c.enable and cfg.global_profiler.steps):
+            paths[f"{key}.save_path"] = (c.save_path, "profiler output goes there")
     if cfg.ray_init.timeline_json_file:
         paths["ray_init.timeline_json_file"] = (cfg.ray_init.timeline_json_file, "Ray's timeline is written there")
     loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
@@ -643,6 +701,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_reward_model(cfg, errors)
     _check_data_trainer(cfg, errors)
     _check_data_keys(cfg, errors)
+    _check_profiler(cfg, errors)
     _check_device(cfg, errors)
     _check_output_paths(cfg, errors)
     if errors:

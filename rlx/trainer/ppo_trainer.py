@@ -18,6 +18,7 @@ from rlx.algos.metrics import compute_data_metrics, compute_throughput_metrics, 
 from rlx.algos.probs_diff import rollout_probs_diff
 from rlx.config.schema import RLXConfig
 from rlx.protocol import Batch
+from rlx.trainer.profiling import StepProfiling
 from rlx.trainer.tracking import Tracker
 
 if TYPE_CHECKING:
@@ -161,6 +162,7 @@ class RayPPOTrainer:
             self.init_workers()
         log_dir = os.path.join(self.cfg.trainer.default_local_dir, "logs")
         self.tracker = Tracker(self.cfg, log_dir)
+        self.profiling = StepProfiling(self.cfg.global_profiler, [self.actor, self.critic], self.total_steps)
         history = []
         self.resume()
         if self.cfg.trainer.val_before_train or self.cfg.trainer.val_only:
@@ -171,14 +173,15 @@ class RayPPOTrainer:
         bar = tqdm(total=self.total_steps, initial=self.global_step, desc="rlx", disable=not sys.stderr.isatty())
         while self.global_step < self.total_steps:
             self.global_step += 1
-            metrics = self.train_step(self.train_loader.next_batch())
-            if self._due(self.cfg.trainer.test_freq) or self.global_step == self.total_steps:
-                metrics.update(self.validate())
-            if self._due(self.cfg.trainer.save_freq) or (self.cfg.trainer.save_freq > 0
-                                                         and self.global_step == self.total_steps):
-                start = time.perf_counter()
-                self.save_checkpoint()
-                metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
+            with self.profiling.step(self.global_step):  # global_profiler.steps: the workers trace this one
+                metrics = self.train_step(self.train_loader.next_batch())
+                if self._due(self.cfg.trainer.test_freq) or self.global_step == self.total_steps:
+                    metrics.update(self.validate())
+                if self._due(self.cfg.trainer.save_freq) or (self.cfg.trainer.save_freq > 0
+                                                             and self.global_step == self.total_steps):
+                    start = time.perf_counter()
+                    self.save_checkpoint()
+                    metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
             self.tracker.log(metrics, step=self.global_step)
             history.append(metrics)
             self.skip_guard.stop_if_stuck(self.global_step)

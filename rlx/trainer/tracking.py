@@ -1,10 +1,16 @@
 """Loggers named by `trainer.logger`: console, file (every metric as one JSON line per step, in
-`<default_local_dir>/logs/metrics.jsonl`), tensorboard, wandb (imported only when asked for)."""
+`<default_local_dir>/logs/metrics.jsonl`), tensorboard, wandb (imported only when asked for).
+
+wandb works without an account: with no API key (WANDB_API_KEY unset, no `wandb login` entry in the netrc file)
+the run logs offline into the run's folder and says so in one line, with the `wandb sync` command that uploads it
+later; with a key it logs online. WANDB_MODE, when set, decides instead (online | offline | disabled)."""
 from __future__ import annotations
 
 import json
+import netrc
 import os
 import sys
+from urllib.parse import urlsplit
 
 from rlx.config.schema import RLXConfig
 
@@ -26,14 +32,7 @@ class Tracker:
 
             self.tb = SummaryWriter(os.environ.get("TENSORBOARD_DIR", os.path.join(log_dir, "tensorboard")))
         if "wandb" in self.loggers:
-            import wandb  # validated at config load: installed
-
-            from dataclasses import asdict
-            # its local files go with the other outputs (not into the working dir, lost under `ray job submit`)
-            wandb_dir = os.environ.get("WANDB_DIR") or log_dir
-            os.makedirs(wandb_dir, exist_ok=True)
-            self.wandb = wandb.init(project=t.project_name, name=t.experiment_name, config=asdict(cfg),
-                                    dir=wandb_dir)
+            self.wandb = init_wandb(cfg, log_dir)
 
     def log(self, metrics: dict, step: int) -> None:
         if "console" in self.loggers:
@@ -83,3 +82,45 @@ class Tracker:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def wandb_has_credentials() -> bool:
+    """True when wandb would find an API key on its own: WANDB_API_KEY (or WANDB_IDENTITY_TOKEN_FILE), or an entry
+    for the W&B host (WANDB_BASE_URL, default api.wandb.ai) in the netrc file that `wandb login` writes (NETRC, else
+    ~/.netrc)."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").netloc
+    path = os.path.expanduser(os.environ.get("NETRC") or "~/.netrc")
+    try:
+        entry = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
+
+
+def init_wandb(cfg: RLXConfig, log_dir: str):
+    """`wandb.init` as verl calls it (project = trainer.project_name, run name = trainer.experiment_name, entity =
+    WANDB_ENTITY, the whole config), its local files under WANDB_DIR or `log_dir` (with the run's other outputs, not
+    the working dir that `ray job submit` deletes). Without WANDB_MODE and without credentials: offline, quiet,
+    and one line naming the run's folder and the command that uploads it."""
+    from dataclasses import asdict
+
+    try:
+        import wandb
+    except ImportError as e:  # a dependency of rlx: only a broken install gets here
+        raise RuntimeError(f"trainer.logger has wandb but `import wandb` fails ({e}). Fix: pip install wandb, or drop "
+                           f"wandb from trainer.logger.") from e
+
+    t = cfg.trainer
+    wandb_dir = os.environ.get("WANDB_DIR") or log_dir
+    os.makedirs(wandb_dir, exist_ok=True)
+    offline = not os.environ.get("WANDB_MODE") and not wandb_has_credentials()
+    kwargs = dict(mode="offline", settings=wandb.Settings(silent=True)) if offline else {}
+    run = wandb.init(project=t.project_name, name=t.experiment_name, entity=os.environ.get("WANDB_ENTITY"),
+                     config=asdict(cfg), dir=wandb_dir, **kwargs)
+    if offline:
+        run_dir = os.path.dirname(run.dir)  # run.dir is the run's files/ folder
+        print(f"rlx: wandb has no API key (WANDB_API_KEY unset, no `wandb login`): logging offline to {run_dir}; "
+              f"upload it later with: wandb sync {run_dir}", file=sys.stderr, flush=True)
+    return run

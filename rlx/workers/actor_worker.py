@@ -10,11 +10,21 @@ from rlx.config.schema import RLXConfig
 from rlx.protocol import Batch
 from rlx.workers.base_worker import Worker
 from rlx.workers.group import ResourcePool, WorkerGroup
+from rlx.workers.profiling import profiled
 
 log = logging.getLogger("rlx")
 
 
 class ActorRolloutRefWorker(Worker):
+    NAME = "actor_rollout_ref"
+
+    def profiler_roles(self) -> dict:
+        arr = self.cfg.actor_rollout_ref
+        roles = {"actor": arr.actor.profiler, "rollout": arr.rollout.profiler}
+        if arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward:  # a ref phase runs
+            roles["ref"] = arr.ref.profiler
+        return roles
+
     def init_model(self, total_steps: int, rollout_name: str) -> None:
         from rlx.engine.actor import ActorEngine
         from rlx.engine.base import role_micro_batch_tokens
@@ -78,6 +88,7 @@ class ActorRolloutRefWorker(Worker):
                             pad_token_id=self.tokenizer.pad_token_id)
 
     # ---- the steps the driver calls ----------------------------------------------------------------------
+    @profiled("rollout_generate", role="rollout")
     def generate_sequences(self, prompts: Batch) -> Batch:
         """Sync the FSDP weights into the rollout engine, generate, free the engine's cache. The result's
         `meta["metrics"]` holds the rollout's phases: `timing_s/rollout/{wake,sync,generate,sleep}`,
@@ -106,6 +117,7 @@ class ActorRolloutRefWorker(Worker):
         out.meta = dict(out.meta, metrics=m)
         return out
 
+    @profiled("actor_compute_log_prob", role="actor")
     def compute_log_prob(self, batch: Batch) -> Batch:
         r = self.cfg.actor_rollout_ref.rollout
         m: dict = {}
@@ -115,6 +127,7 @@ class ActorRolloutRefWorker(Worker):
                                               if r.log_prob_use_dynamic_bsz else None)
         return Batch({"old_log_probs": out["log_probs"]}, meta={"metrics": m})
 
+    @profiled("ref_compute_log_prob", role="ref")
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         assert self.use_ref, "ref model requested but no KL term is configured"
         r = self.cfg.actor_rollout_ref.ref
@@ -126,6 +139,7 @@ class ActorRolloutRefWorker(Worker):
                                           if r.log_prob_use_dynamic_bsz else None)
         return Batch({"ref_log_prob": out["log_probs"]}, meta={"metrics": m})
 
+    @profiled("actor_update", role="actor")
     def update_actor(self, batch: Batch) -> dict:
         m: dict = {}
         with self.measured("update_actor", m):

@@ -1,4 +1,4 @@
-"""What every worker role shares: rank bookkeeping and joining the role's process group."""
+"""What every worker role shares: rank bookkeeping, joining the role's process group, the profiler."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +10,7 @@ import time
 import torch
 
 from rlx.config.schema import RLXConfig
+from rlx.workers.profiling import WorkerProfiler
 
 
 def ray_local_gpu_index() -> int:
@@ -33,9 +34,13 @@ def ray_local_gpu_index() -> int:
 
 
 class Worker:
+    NAME = "worker"
+    """Names this worker process's traces."""
+
     def __init__(self, cfg: RLXConfig, rank: int, world_size: int):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.device = None
+        self.profiler: WorkerProfiler | None = None  # once the device is known (init_distributed)
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(message)s")
         if cfg.trainer.device == "cpu":
             torch.set_num_threads(1)
@@ -55,6 +60,22 @@ class Worker:
             os.environ["LOCAL_RANK"] = str(ray_local_gpu_index())
         self.device = init_distributed(self.cfg.trainer.device, self.rank, self.world_size, master_addr, master_port)
         torch.manual_seed(self.cfg.trainer.seed)
+        # before the model: torch_memory records the allocator's history from here on
+        self.profiler = WorkerProfiler(self.NAME, self.profiler_roles(), self.cfg.global_profiler, self.rank,
+                                       self.device)
+
+    def profiler_roles(self) -> dict:
+        """{role: its profiler config} of the roles this process runs (first: the one whose options the process-wide
+        trace takes)."""
+        raise NotImplementedError
+
+    def start_profile(self, step: int) -> None:
+        """A profiled window begins (or goes on) at training step `step` (global_profiler.steps)."""
+        self.profiler.start(step)
+
+    def stop_profile(self) -> list[str]:
+        """The profiled window ends: its traces are written; returns their paths."""
+        return self.profiler.stop()
 
     @contextlib.contextmanager
     def measured(self, phase: str, metrics: dict, timing: str | None = None):

@@ -5,9 +5,15 @@ from rlx.config.schema import RLXConfig
 from rlx.protocol import Batch
 from rlx.workers.base_worker import Worker
 from rlx.workers.group import ResourcePool, WorkerGroup
+from rlx.workers.profiling import profiled
 
 
 class CriticWorker(Worker):
+    NAME = "critic"
+
+    def profiler_roles(self) -> dict:
+        return {"critic": self.cfg.critic.profiler}
+
     def init_model(self, total_steps: int) -> None:
         from rlx.engine.base import role_micro_batch_tokens
         from rlx.engine.critic import CriticEngine
@@ -17,6 +23,7 @@ class CriticWorker(Worker):
                                    total_steps=total_steps,
                                    max_micro_batch_tokens=role_micro_batch_tokens(self.cfg.data, c))
 
+    @profiled("critic_compute_values", role="critic")
     def compute_values(self, batch: Batch) -> Batch:
         m: dict = {}
         with self.measured("values", m):
@@ -24,6 +31,7 @@ class CriticWorker(Worker):
         out.meta = dict(out.meta, metrics=m)
         return out
 
+    @profiled("critic_update", role="critic")
     def update_critic(self, batch: Batch) -> dict:
         m: dict = {}
         with self.measured("update_critic", m):

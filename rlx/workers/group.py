@@ -119,7 +119,7 @@ class WorkerGroup:
 
     def __init__(self, worker_cls, pool: ResourcePool, *args):
         self.pool, self.world_size = pool, pool.world_size
-        env = dict(WORKER_ENV)
+        env = dict(WORKER_ENV, RLX_DRIVER_CWD=os.getcwd())  # relative output paths are the driver's
         for key in ("RLX_CACHE", "HF_HOME", "HF_HUB_OFFLINE"):
             if key in os.environ:
                 env[key] = os.environ[key]
@@ -170,6 +170,14 @@ class WorkerGroup:
         outs = ray.get([getattr(w, _name(method)).remote(chunks[rank // replicas], **kwargs)
                         for rank, w in enumerate(self.workers)])
         return _reduce(outs)
+
+    def start_profile(self, step: int) -> None:
+        """Every rank: a profiled window begins (or goes on) at training step `step` (rlx.workers.profiling)."""
+        self.run_all("start_profile", step)
+
+    def stop_profile(self) -> list[str]:
+        """Every rank: the window ends; the trace files written (all ranks)."""
+        return [path for paths in self.run_all("stop_profile") for path in paths]
 
     def shutdown(self):
         """Kill this role's workers; the pool's placement group goes when its last group is shut down."""

@@ -31,6 +31,11 @@ def micro_batch_size_per_gpu(cfg: RLXConfig, world_size: int) -> int | None:
 
 
 class RewardModelWorker(Worker):
+    NAME = "reward_model"
+
+    def profiler_roles(self) -> dict:
+        return {}  # verl 0.9.1's reward model has no profiler keys (it is served outside the trainer's workers)
+
     def init_model(self) -> None:
         from transformers import AutoTokenizer
 
