@@ -39,6 +39,10 @@ class DataConfig:
     """Prompts per training step (each sampled rollout.n times)."""
     val_batch_size: Optional[int] = None
     """Prompts per validation batch; null means the whole validation set at once."""
+    gen_batch_size: Optional[int] = None
+    """Prompts per generation round, the training loader's batch size (null: train_batch_size). With
+    algorithm.filter_groups.enable, rounds of gen_batch_size prompts are generated until train_batch_size groups
+    are kept (DAPO's dynamic sampling); without it, it must equal train_batch_size."""
     return_raw_chat: bool = True
     """Keep the raw chat messages in the batch."""
     shuffle: bool = True
@@ -495,10 +499,13 @@ class RewardModelConfig:
     DAPO's overlong penalty, reward_kwargs.overlong_buffer_cfg) | batch (the score function takes lists:
     compute_score(data_sources, solution_strs, ground_truths, extra_infos) -> list)."""
     reward_kwargs: dict = field(default_factory=dict)
-    """Extra keyword arguments of the score function (e.g. format_score); with reward_manager=dapo, verl's
-    overlong_buffer_cfg {enable, len, penalty_factor, log} and max_resp_len (default data.max_response_length)
-    go to the manager: a response longer than max_resp_len - len loses (length - (max_resp_len - len)) / len *
-    penalty_factor."""
+    """Arguments of the dapo reward manager (as in verl, nothing here reaches the score function):
+    overlong_buffer_cfg {enable, len, penalty_factor, log} and max_resp_len (default data.max_response_length): a
+    response longer than max_resp_len - len loses (length - (max_resp_len - len)) / len * penalty_factor."""
+    score_kwargs: dict = field(default_factory=dict)
+    """rlx key: keyword arguments of the built-in score functions (no custom_reward_function.path), e.g.
+    {method: flexible, format_score: 0.1} for GSM8K. Empty: verl's default_compute_score, each scorer with its
+    defaults (verl has no way to change them)."""
     launch_reward_fn_async: bool = False
     """verl key (not supported yet)."""
     non_finite_score: Optional[float] = None
@@ -517,6 +524,9 @@ class CustomRewardFunctionConfig:
     """Python file that defines the score function."""
     name: str = "compute_score"
     """Function name: compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict."""
+    reward_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments bound to the custom function (verl's `+custom_reward_function.reward_kwargs.*`); needs
+    path (for the built-in rewards: reward_model.score_kwargs)."""
 
 
 @dataclass
@@ -529,6 +539,34 @@ class KLCtrlConfig:
     """Adaptive controller horizon."""
     target_kl: float = 0.1
     """Adaptive controller target."""
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = False
+    """DAPO's dynamic sampling: drop the groups (a prompt's rollout.n responses) whose `metric` is the same for
+    every response, and generate more rounds of data.gen_batch_size prompts until data.train_batch_size groups
+    are kept; the batch is then cut to train_batch_size groups."""
+    metric: str = "reward"
+    """What must vary within a group: reward or seq_reward (the sum of the response's scores, before any KL
+    penalty), seq_final_reward (the same: the in-reward KL penalty is refused with dynamic sampling), or a key the
+    score function returns in its dict (acc, score, ...; acc is the score itself for a function returning a
+    number, as in verl's reward loop)."""
+    max_num_gen_batches: int = 0
+    """Generation rounds allowed per training step; the step fails with an error when they are used up before
+    enough groups are kept. 0 or less: no limit."""
+    max_inflight_gen_batches: int = 1
+    """verl key: prompt batches generated concurrently by verl's V1 sampler (speed only; rlx generates one round
+    at a time)."""
+
+
+@dataclass
+class PFPPOConfig:
+    reweight_method: str = "pow"
+    """How each response's weight comes from its score s (the sum of its token scores): pow (|s|^weight_pow) |
+    max_min (1 for the batch's highest and lowest s, else 0) | max_random (0.4 for the highest s, else 0.1)."""
+    weight_pow: float = 2.0
+    """Exponent of the pow method."""
 
 
 @dataclass
@@ -548,7 +586,14 @@ class AlgorithmConfig:
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     """KL controller of the in-reward penalty."""
     use_pf_ppo: bool = False
-    """verl key (not supported yet)."""
+    """Policy Filtration PPO (Zhang et al. 2024, "Policy Filtration in RLHF to Fine-Tune LLM for Code
+    Generation"): after GAE, the batch is resampled with replacement (same size), each response drawn with
+    probability proportional to its pf_ppo weight. As in verl, only adv_estimator=gae resamples."""
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
+    """Weights of use_pf_ppo's resampling."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at
+    Scale")."""
 
 
 @dataclass
@@ -684,7 +729,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "reward_model.model": {"path": None, "external_lib": None, "trust_remote_code": None},
     "reward_model.micro_batch_size_per_gpu": None,
     "reward_model.launch_reward_fn_async": False,
-    "algorithm.use_pf_ppo": False,
     "trainer.default_hdfs_dir": None,
     "trainer.del_local_ckpt_after_load": False,
     "trainer.rollout_data_dir": None,
@@ -713,6 +757,8 @@ FOLLOWS: dict[str, str] = {
 NO_OP_BY_DESIGN: dict[str, str] = {
     "data.dataloader_num_workers": "loader speed only: rlx tokenizes every prompt once, up front, in the driver",
     "data.filter_overlong_prompts_workers": "speed only: the filter runs in the driver and drops the same prompts",
+    "algorithm.filter_groups.max_inflight_gen_batches": "speed only: verl's V1 sampler generates that many prompt "
+        "batches at once; rlx generates one round after the other and keeps the same groups",
     "actor_rollout_ref.actor.use_torch_compile": "speed only: rlx never compiles, whatever the value",
     "actor_rollout_ref.ref.use_torch_compile": "speed only: rlx never compiles, whatever the value",
     # the critic's LoRA details are inert in verl too while its lora_rank is 0; that key is refused (NOT_SUPPORTED),

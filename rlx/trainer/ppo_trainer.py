@@ -18,6 +18,7 @@ from rlx.algos.metrics import compute_data_metrics, compute_throughput_metrics, 
 from rlx.algos.probs_diff import rollout_probs_diff
 from rlx.config.schema import RLXConfig
 from rlx.protocol import Batch
+from rlx.trainer.dynamic_sampling import DynamicSampling, NotEnoughGroups
 from rlx.trainer.tracking import Tracker
 
 if TYPE_CHECKING:
@@ -110,8 +111,15 @@ class RayPPOTrainer:
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
         self.use_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.tokenizer = inputs.tokenizer
-        self.train_loader = PromptLoader(inputs.train_dataset, data.train_batch_size, shuffle=data.shuffle,
-                                         seed=data.seed)
+        self.train_loader = PromptLoader(inputs.train_dataset, data.gen_batch_size or data.train_batch_size,
+                                         shuffle=data.shuffle, seed=data.seed)
+        self.dynamic_sampling = DynamicSampling(cfg.algorithm.filter_groups, data.train_batch_size, arr.rollout.n)
+        pf = cfg.algorithm.pf_ppo
+        pf_ppo = (pf.reweight_method, pf.weight_pow)
+        self.pf_ppo = pf_ppo if cfg.algorithm.use_pf_ppo and self.use_critic else None  # verl: after GAE only
+        if cfg.algorithm.use_pf_ppo and not self.use_critic:
+            log.warning("algorithm.use_pf_ppo=True resamples only with adv_estimator=gae (as in verl); with %s it "
+                        "does nothing", cfg.algorithm.adv_estimator)
         self.val_loader = PromptLoader(inputs.val_dataset, data.val_batch_size, shuffle=False, drop_last=False)
         self.reward_fn = build_reward_manager(cfg, self.tokenizer, inputs.score_fn)
         self.resume_dir = inputs.resume_dir
@@ -188,11 +196,8 @@ class RayPPOTrainer:
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timed("step", timing):
-            with timed("gen", timing):
-                batch = worker_metrics(self.generate(prompts, validate=False), metrics)
+            batch = self.sample(prompts, metrics, timing)
             batch = self.balance_batch(batch, metrics)
-            with timed("reward", timing):
-                self.compute_reward(batch, metrics)
             with timed("old_log_prob", timing):
                 batch = batch.union(worker_metrics(self.actor.compute_log_prob(batch), metrics))
             if "rollout_log_probs" in batch:
@@ -206,6 +211,7 @@ class RayPPOTrainer:
                     batch = batch.union(worker_metrics(self.critic.compute_values(batch), metrics))
             with timed("adv", timing):
                 self.compute_advantage(batch, metrics)
+            batch = self.pf_ppo_resample(batch)
             if self.use_critic:
                 with timed("update_critic", timing):
                     metrics.update(self.critic.update(batch))
@@ -224,6 +230,24 @@ class RayPPOTrainer:
         return metrics
 
     # ---- steps ----------------------------------------------------------------------------------------
+    def sample(self, prompts: Batch, metrics: dict, timing: dict) -> Batch:
+        """The step's training batch: `prompts` generated and scored, and with `algorithm.filter_groups` the kept
+        groups of as many further rounds as it takes (`rlx.trainer.dynamic_sampling`)."""
+        try:
+            return self.dynamic_sampling.fill(self.rollout(prompts, metrics, timing),
+                                              lambda: self.rollout(self.train_loader.next_batch(), metrics, timing),
+                                              metrics)
+        except NotEnoughGroups as e:
+            raise TrainingStopped(f"step {self.global_step}: {e}") from None
+
+    def rollout(self, prompts: Batch, metrics: dict, timing: dict) -> tuple[Batch, dict]:
+        """Generate and score one round of prompts: the batch (with token_level_scores) and the reward extras."""
+        with timed("gen", timing):
+            batch = worker_metrics(self.generate(prompts, validate=False), metrics)
+        with timed("reward", timing):
+            extra = self.compute_reward(batch, metrics)
+        return batch, extra
+
     def generate(self, prompts: Batch, validate: bool) -> Batch:
         """Rollout on the actor workers; returns rows repeated n times with prompt fields and group uids."""
         r = self.cfg.actor_rollout_ref.rollout
@@ -257,7 +281,8 @@ class RayPPOTrainer:
                         "global_seqlen/mean": sum(lengths) / self.world_size})
         return batch.index([i for g in groups for i in g])
 
-    def compute_reward(self, batch: Batch, metrics: dict) -> None:
+    def compute_reward(self, batch: Batch, metrics: dict) -> dict:
+        """token_level_scores into the batch; returns the score function's extra values (one list per key)."""
         from rlx.data.reward import mean_extras
 
         scores, extra = self.score(batch)
@@ -265,6 +290,7 @@ class RayPPOTrainer:
         metrics.update({f"reward_extra/{k}": v for k, v in mean_extras(extra).items()})
         if self.cfg.reward_model.non_finite_score is not None:
             metrics["reward/non_finite_count"] = float(self.reward_fn.non_finite_count)
+        return extra
 
     def score(self, batch: Batch):
         """The reward manager on a generated batch; a reward that is not a finite number stops the run."""
@@ -289,6 +315,15 @@ class RayPPOTrainer:
                                                 gamma=alg.gamma, lam=alg.lam,
                                                 norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
         batch.tensors["advantages"], batch.tensors["returns"] = adv, ret
+
+    def pf_ppo_resample(self, batch: Batch) -> Batch:
+        """`algorithm.use_pf_ppo` (verl's, after GAE only): the batch drawn again, with replacement, each response
+        with probability proportional to its PF-PPO weight."""
+        if self.pf_ppo is None:
+            return batch
+        from rlx.algos.pf_ppo import resample_indices
+
+        return batch.index(resample_indices(batch["token_level_scores"].sum(-1), *self.pf_ppo))
 
     def validate(self) -> dict:
         """Greedy (by default) generation over the validation set: val/<data_source>/reward/mean and, with
