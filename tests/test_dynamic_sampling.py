@@ -166,3 +166,15 @@ def test_dapo_recipe_script_runs_on_cpu(tmp_path):
     for m in steps:
         assert 1 <= m["train/num_gen_batches"] <= 10 and m["actor/grad_norm"] > 0
         assert m["critic/score/min"] < 0  # the overlong penalty: 16-token responses exceed 16 - 4 tokens
+
+
+def test_ppo_gae_with_pf_ppo_trains(ray_local, tmp_path):
+    """use_pf_ppo with GAE through the trainer: the resampled batch (same size) updates actor and critic."""
+    history, before, after = fit_job([
+        "trainer.total_training_steps=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.val_files=synthetic://digits/size:8/seed:1",
+        "trainer.val_before_train=False", "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.name=hf",
+        "algorithm.use_pf_ppo=True", "algorithm.pf_ppo.reweight_method=max_min"], tmp_path)
+    assert len(history) == 2 and before != after
+    for m in history:
+        assert m["actor/grad_norm"] > 0 and "critic/vf_loss" in m
