@@ -561,6 +561,33 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    rollout_is: Optional[str] = None
+    """Importance weights pi_old / pi_rollout against the rollout engine's own log-probs (needs
+    actor_rollout_ref.rollout.calculate_log_probs=True), multiplying each token's policy loss: token (w_t =
+    exp(log pi_old - log pi_rollout) per token) | sequence (their product, on every token of the response) | null
+    (none). With calculate_log_probs=True the rollout_corr/* diagnostics are logged whatever this is."""
+    rollout_is_threshold: Any = 2.0
+    """A number: weights truncated at it (TIS); a "lower_upper" string (e.g. "0.5_5.0"): weights outside
+    [lower, upper] set to 0 (IcePop)."""
+    rollout_rs: Optional[str] = None
+    """Rejection sampling: tokens whose statistic is out of bounds leave the response mask; comma-separated options,
+    all must accept: token_k1 | token_k2 | token_k3 (per token), seq_sum_k1/k2/k3, seq_mean_k1/k2/k3, seq_max_k2/k3
+    (per response, the whole response leaves). k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r with
+    r = pi_old / pi_rollout. null: none."""
+    rollout_rs_threshold: Any = None
+    """Bounds of rollout_rs, one for all options or one per option (comma-separated): k1 takes "lower_upper" ratio
+    bounds or an upper one (the lower is its reciprocal); k2 / k3 take one positive upper bound."""
+    bypass_mode: bool = False
+    """verl's bypass mode (the rollout's log-probs used as the old ones, no recomputation): not supported yet."""
+    loss_type: str = "ppo_clip"
+    """The policy loss of bypass_mode (ppo_clip | reinforce); inert without it, as in verl."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the importance weights by their mean over the batch's valid tokens (token level) or responses
+    (sequence level)."""
+
+
+@dataclass
 class PFPPOConfig:
     reweight_method: str = "pow"
     """How each response's weight comes from its score s (the sum of its token scores): pow (|s|^weight_pow) |
@@ -591,6 +618,9 @@ class AlgorithmConfig:
     probability proportional to its pf_ppo weight. As in verl, only adv_estimator=gae resamples."""
     pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
     """Weights of use_pf_ppo's resampling."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Correction of the mismatch between the rollout engine's policy and the trainer's (importance weights,
+    rejection sampling), as verl's decoupled mode."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO's dynamic sampling (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at
     Scale")."""
@@ -729,6 +759,7 @@ NOT_SUPPORTED: dict[str, Any] = {
     "reward_model.model": {"path": None, "external_lib": None, "trust_remote_code": None},
     "reward_model.micro_batch_size_per_gpu": None,
     "reward_model.launch_reward_fn_async": False,
+    "algorithm.rollout_correction.bypass_mode": False,
     "trainer.default_hdfs_dir": None,
     "trainer.del_local_ckpt_after_load": False,
     "trainer.rollout_data_dir": None,
@@ -765,6 +796,8 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     # so verl scripts that pass lora_alpha/target_modules next to critic lora_rank=0 keep working.
     "critic.model.lora_alpha": "inert without critic.model.lora_rank > 0 (refused), as in verl",
     "critic.model.target_modules": "inert without critic.model.lora_rank > 0 (refused), as in verl",
+    "algorithm.rollout_correction.loss_type": "inert without algorithm.rollout_correction.bypass_mode=True "
+        "(refused), as in verl",
 }
 
 

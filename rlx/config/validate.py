@@ -454,10 +454,38 @@ def _check_sampling(cfg, errors):
     if not isinstance(fg.max_inflight_gen_batches, int) or fg.max_inflight_gen_batches <= 0:
         errors.append(f"algorithm.filter_groups.max_inflight_gen_batches={fg.max_inflight_gen_batches!r} must be a "
                       f"positive integer.")
+    _check_rollout_correction(cfg, errors)
     pf = cfg.algorithm.pf_ppo
     _choice(errors, "algorithm.pf_ppo.reweight_method", pf.reweight_method, PF_PPO_METHODS)
     if not isinstance(pf.weight_pow, (int, float)) or isinstance(pf.weight_pow, bool):
         errors.append(f"algorithm.pf_ppo.weight_pow={pf.weight_pow!r} must be a number.")
+
+
+def _check_rollout_correction(cfg, errors):
+    from rlx.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs
+
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    if rc.rollout_is is not None:
+        if rc.rollout_is not in IS_LEVELS:
+            errors.append(f"{key}.rollout_is={rc.rollout_is!r} is not valid; choose one of {list(IS_LEVELS)} or null.")
+        if rc.rollout_is_threshold is None:
+            errors.append(f"{key}.rollout_is_threshold=null with {key}.rollout_is={rc.rollout_is!r}: no weights would "
+                          f"be computed (verl skips them). Fix: a number (TIS) or 'lower_upper' (IcePop).")
+        else:
+            try:
+                parse_is_threshold(rc.rollout_is_threshold)
+            except ValueError as e:
+                errors.append(f"{e}.")
+    if rc.rollout_rs is not None:
+        try:
+            parse_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+        except ValueError as e:
+            errors.append(f"{e}.")
+    if (rc.rollout_is is not None or rc.rollout_rs is not None) and \
+            not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        errors.append(f"{key}.rollout_is={rc.rollout_is!r} / rollout_rs={rc.rollout_rs!r} compare the trainer's "
+                      f"log-probs with the rollout engine's, and actor_rollout_ref.rollout.calculate_log_probs=False "
+                      f"(verl then silently corrects nothing). Fix: actor_rollout_ref.rollout.calculate_log_probs=True.")
 
 
 def _check_data_trainer(cfg, errors):

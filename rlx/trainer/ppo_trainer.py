@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from rlx.algos import core_algos
@@ -117,6 +118,10 @@ class RayPPOTrainer:
         pf = cfg.algorithm.pf_ppo
         pf_ppo = (pf.reweight_method, pf.weight_pow)
         self.pf_ppo = pf_ppo if cfg.algorithm.use_pf_ppo and self.use_critic else None  # verl: after GAE only
+        rc = cfg.algorithm.rollout_correction
+        self.rollout_corr = dict(rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
+                                 rollout_is_batch_normalize=rc.rollout_is_batch_normalize, rollout_rs=rc.rollout_rs,
+                                 rollout_rs_threshold=rc.rollout_rs_threshold)
         if cfg.algorithm.use_pf_ppo and not self.use_critic:
             log.warning("algorithm.use_pf_ppo=True resamples only with adv_estimator=gae (as in verl); with %s it "
                         "does nothing", cfg.algorithm.adv_estimator)
@@ -310,11 +315,27 @@ class RayPPOTrainer:
                                                               mask, self.kl_ctrl, alg.kl_penalty)
             metrics.update(kl_metrics)
         batch.tensors["token_level_rewards"] = rewards
+        mask = self.correct_rollout(batch, metrics)  # verl: after the KL penalty, before the advantages
         adv, ret = core_algos.compute_advantage(alg.adv_estimator, token_level_rewards=rewards, response_mask=mask,
                                                 values=batch.tensors.get("values"), index=batch["uid"],
                                                 gamma=alg.gamma, lam=alg.lam,
                                                 norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
         batch.tensors["advantages"], batch.tensors["returns"] = adv, ret
+
+    def correct_rollout(self, batch: Batch, metrics: dict) -> torch.Tensor:
+        """`algorithm.rollout_correction` (verl's decoupled mode), when the rollout returned its log-probs: importance
+        weights `rollout_is_weights` for the policy loss, rejected tokens out of `response_mask`, `rollout_corr/*`
+        metrics. Returns the response mask (float) the advantages use."""
+        if "rollout_log_probs" in batch:
+            from rlx.algos.rollout_correction import rollout_correction
+
+            weights, mask, corr_metrics = rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"],
+                                                             batch["response_mask"], **self.rollout_corr)
+            batch.tensors["response_mask"] = mask
+            if weights is not None:
+                batch.tensors["rollout_is_weights"] = weights
+            metrics.update(corr_metrics)
+        return batch["response_mask"].float()
 
     def pf_ppo_resample(self, batch: Batch) -> Batch:
         """`algorithm.use_pf_ppo` (verl's, after GAE only): the batch drawn again, with replacement, each response
