@@ -21,15 +21,12 @@ import torch
 
 from rlx.config.schema import CustomRewardFunctionConfig, RLXConfig
 from rlx.data import synthetic
-from rlx.data.rewards import gsm8k
-from rlx.data.rewards import math_sources
+from rlx.data.rewards import gsm8k, math_sources
 from rlx.protocol import Batch
 
 logger = logging.getLogger(__name__)
 
 _GSM8K_SOURCES = ("openai/gsm8k", "gsm8k")  # verl's name, and the short one rlx also takes
-# reward_kwargs that configure verl's dapo manager (verl passes reward_model.reward_kwargs to nothing else)
-MANAGER_KWARGS = ("overlong_buffer_cfg", "max_resp_len")
 
 
 def known_data_sources() -> list[str]:
