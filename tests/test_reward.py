@@ -30,38 +30,108 @@ def _prepare_module():
     return module
 
 
-@pytest.mark.parametrize("solution,truth,expected", [
-    ("so 3 + 4 = 7\n#### 7", "7", 1.0),
-    ("#### 1,000", "1000", 1.0),
-    ("#### $18", "18", 1.0),
-    ("answer #### 18.", "18", 1.0),
-    ("#### 18.00", "18", 1.0),
-    ("#### -5", "-5", 1.0),
-    ("#### 3 then later #### 4", "4", 1.0),  # the LAST answer counts
-    ("#### 4 then later #### 3", "4", 0.1),
-    ("#### 8", "7", 0.1),
-    ("the answer is 7", "7", 0.0),  # no '####' -> no answer
-    ("#### seven", "7", 0.0),
-    ("", "7", 0.0),
-])
-def test_gsm8k_hand_cases(solution, truth, expected):
-    assert gsm8k.compute_score(solution, truth, format_score=0.1) == expected
-    assert gsm8k.compute_score(solution, truth) == (1.0 if expected == 1.0 else 0.0)
+# (response, ground truth, strict, flexible): the score with format_score=0.1 under each method, derived by hand
+# from verl's rule (strict: the last "#### <digits.,>" of the last 300 characters, commas removed; flexible: the
+# last run of digits/dots/commas there that is not a lone "."; then string equality)
+GSM8K_CASES = [
+    ("so 3 + 4 = 7\n#### 7", "7", 1.0, 1.0),
+    ("#### 1,000", "1000", 1.0, 0.1),  # flexible keeps the comma: "1,000" != "1000"
+    ("#### -5", "-5", 1.0, 1.0),
+    ("#### 18.", "18", 0.1, 0.1),  # "18." is read, and is not "18"
+    ("#### 18.00", "18", 0.1, 0.1),
+    ("#### 018", "18", 0.1, 0.1),
+    ("#### $18", "18", 0.0, 1.0),  # no digit right after "#### ": no strict answer; flexible reads 18
+    ("####18", "18", 0.0, 1.0),
+    ("####  18", "18", 0.0, 1.0),
+    ("#### 3 then later #### 4", "4", 1.0, 1.0),  # the LAST answer counts
+    ("#### 4 then later #### 3", "4", 0.1, 0.1),
+    ("#### 4 then 3 apples", "4", 1.0, 0.1),  # flexible takes the last number of all
+    ("#### 4. The end.", "4", 0.1, 0.1),  # strict "4.", flexible skips the lone "." and reads "4."
+    ("#### 8", "7", 0.1, 0.1),
+    ("the answer is 7", "7", 0.0, 1.0),  # no '####': no strict answer
+    ("#### seven", "7", 0.0, 0.0),
+    ("nothing here.", "7", 0.0, 0.1),  # flexible: only a lone "." (kept as verl keeps it), which is not "7"
+    ("", "7", 0.0, 0.0),
+    ("#### 7" + "x" * 294, "7", 1.0, 1.0),  # 300 characters: all read
+    ("#### 7" + "x" * 295, "7", 0.0, 1.0),  # 301: the first '#' is cut, "### 7" is no strict answer
+    ("#### 7" + "x" * 300, "7", 0.0, 0.0),  # the 7 itself is cut
+]
+
+
+@pytest.mark.parametrize("solution,truth,strict,flexible", GSM8K_CASES)
+def test_gsm8k_hand_cases(solution, truth, strict, flexible):
+    assert gsm8k.compute_score(solution, truth, format_score=0.1) == strict
+    assert gsm8k.compute_score(solution, truth, method="flexible", format_score=0.1) == flexible
+    assert gsm8k.compute_score(solution, truth) == (1.0 if strict == 1.0 else 0.0)  # verl's defaults
+    assert default_compute_score("openai/gsm8k", solution, truth) == (1.0 if strict == 1.0 else 0.0)
+
+
+def test_gsm8k_method_and_kwargs():
+    assert gsm8k.compute_score("#### 4", "4", score=2.0) == 2.0
+    with pytest.raises(ValueError, match="method='lenient'"):
+        gsm8k.compute_score("#### 4", "4", method="lenient")
+    # verl compares strings: a ground truth that is not a string never matches
+    assert gsm8k.compute_score("#### 4", 4, format_score=0.1) == 0.1
+    # verl's default_compute_score passes no keyword argument on: format_score is ignored there
+    assert default_compute_score("openai/gsm8k", "#### 5", "4", format_score=0.1) == 0.0
+
+
+def _gsm8k_variants(answer: str, truth: str) -> list[tuple[str, float, float]]:
+    """Variants of a real GSM8K reference answer (which ends in "#### <truth as written>") with their scores
+    (strict, flexible) under format_score=0.1, by the rule stated above GSM8K_CASES."""
+    body, _, written = answer.rpartition("#### ")
+    comma = "," in written  # flexible keeps commas, the ground truth has none
+    lead = "-0" + truth[1:] if truth.startswith("-") else "0" + truth
+    tail = " and so on" * 30  # 300 characters, no digit, dot or comma
+    return [
+        (answer, 1.0, 0.1 if comma else 1.0),
+        (answer + ".", 0.1, 0.1),
+        (body + "#### $" + truth, 0.0, 1.0),
+        (body + "####" + truth, 0.0, 1.0),
+        (body + "####  " + truth, 0.0, 1.0),
+        (body + "#### " + lead, 0.1, 0.1),
+        (body + "#### " + truth + ".00", 0.1, 0.1),
+        (answer + "\n#### " + truth + "1", 0.1, 0.1),  # several '####': the last one counts
+        (body + "#### " + truth + "1\n#### " + truth, 1.0, 1.0),
+        (answer + tail[:300 - len("#### " + written)], 1.0, 0.1 if comma else 1.0),  # just within the 300
+        (answer + tail[:301 - len("#### " + written)], 0.0, 0.1 if comma else 1.0),  # the first '#' is cut
+        (answer + tail, 0.0, 0.0),  # the answer is beyond the last 300 characters
+    ]
 
 
 @pytest.mark.skipif(not GSM8K_TEST.exists(), reason=f"real GSM8K not found at {GSM8K_TEST}")
-def test_gsm8k_real_solutions_score_one():
+def test_gsm8k_real_test_set_with_variants():
+    """The whole GSM8K test set, each reference answer and its variants, strict and flexible."""
     prep = _prepare_module()
     with GSM8K_TEST.open() as f:
-        records = [json.loads(line) for _, line in zip(range(200), f)]
+        records = [json.loads(line) for line in f]
     rows = prep.convert_rows(records, "test")
-    assert len(rows) == 200
+    assert len(rows) == len(records) == 1319
+    commas = 0
     for rec, r in zip(records, rows):
         truth = r["reward_model"]["ground_truth"]
         assert default_compute_score(r["data_source"], rec["answer"], truth) == 1.0, (rec["answer"], truth)
-        # a response ending in a wrong number gets the format score, not 1
-        wrong = rec["answer"] + f"\n#### {truth}1"
-        assert default_compute_score("gsm8k", wrong, truth, format_score=0.1) == 0.1
+        for text, strict, flexible in _gsm8k_variants(rec["answer"], truth):
+            got = (gsm8k.compute_score(text, truth, format_score=0.1),
+                   gsm8k.compute_score(text, truth, method="flexible", format_score=0.1))
+            assert got == (strict, flexible), (text[-80:], truth, got)
+        commas += "," in rec["answer"].rpartition("#### ")[2]
+    assert commas > 0  # the comma case is exercised
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["reward_model.reward_kwargs.format_score=0.1"], "reward_model.score_kwargs.format_score"),
+    (["custom_reward_function.reward_kwargs.bonus=1"], "custom_reward_function.path is not set"),
+    (["reward_model.score_kwargs.method=flexible", "custom_reward_function.path=r.py"],
+     "custom_reward_function.reward_kwargs"),
+])
+def test_reward_kwargs_keys_are_verls(overrides, message):
+    """verl passes reward_model.reward_kwargs to the dapo manager only: any other key there is refused, naming
+    rlx's key for the built-in scorers (score_kwargs) and verl's for a custom function."""
+    from conftest import load_config
+
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        load_config(overrides)
 
 
 def test_default_dispatch_unknown_source():
@@ -71,16 +141,18 @@ def test_default_dispatch_unknown_source():
 
 
 def test_load_reward_fn_default_and_custom(tmp_path):
-    fn = load_reward_fn(CustomRewardFunctionConfig(), {"format_score": 0.2})
+    # no path, no score_kwargs: verl's default_compute_score; score_kwargs (rlx's) reach the built-in scorer
+    assert load_reward_fn(CustomRewardFunctionConfig(), {}) is default_compute_score
+    fn = load_reward_fn(CustomRewardFunctionConfig(), {"format_score": 0.2, "method": "flexible"})
     assert fn(data_source="openai/gsm8k", solution_str="#### 3", ground_truth="4") == 0.2
-    assert load_reward_fn(CustomRewardFunctionConfig(), {})("gsm8k", "#### 4", "4") == 1.0
+    assert fn(data_source="openai/gsm8k", solution_str="####4", ground_truth="4") == 1.0
 
     src = tmp_path / "my_reward.py"
     src.write_text(
         "def my_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
         "    hit = float(solution_str.strip() == ground_truth)\n"
         "    return {'score': hit + bonus, 'acc': hit, 'length': len(solution_str)}\n")
-    fn = load_reward_fn(CustomRewardFunctionConfig(path=str(src), name="my_score"), {"bonus": 0.5})
+    fn = load_reward_fn(CustomRewardFunctionConfig(path=str(src), name="my_score", reward_kwargs={"bonus": 0.5}))
     assert fn(data_source="x", solution_str="yes", ground_truth="yes") == {"score": 1.5, "acc": 1.0, "length": 3}
 
     with pytest.raises(ValueError, match="custom_reward_function.name='nope'"):
@@ -242,8 +314,8 @@ def test_reward_manager_built_from_config(tmp_path):
                        "reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
                        "reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
                        "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
-                       "reward_model.reward_kwargs.format_score=0.1"])
-    fn = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_kwargs)
+                       "reward_model.score_kwargs.format_score=0.1"])
+    fn = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.score_kwargs)
     assert fn.keywords == {"format_score": 0.1}
     manager = build_reward_manager(cfg, tok, fn)
     assert manager.max_resp_len == 8 and manager.overlong_reward(6) == pytest.approx(-0.5)

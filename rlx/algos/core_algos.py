@@ -317,6 +317,7 @@ def compute_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     global_norm: Optional[float] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and dual clip.
 
@@ -329,7 +330,7 @@ def compute_policy_loss(
     Returns ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``: the aggregated loss, the fraction of
     valid tokens where the clipped term was active, the mean ``old_log_prob - log_prob`` over valid
     tokens, and the fraction of valid tokens where the dual clip bound was active. The three metrics
-    are detached.
+    are detached. ``rollout_is_weights`` (algorithm.rollout_correction) multiply each token's loss.
     """
     if not clip_ratio_c > 1.0:
         raise ValueError(f"actor.clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_ratio_c}")
@@ -354,6 +355,8 @@ def compute_policy_loss(
     pg_clipfrac_lower = masked_mean(((clip_loss > loss_dual_bound) & negative).to(ratio.dtype), m)
 
     pg_losses = torch.where(negative, dual_clip_loss, clip_loss)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
     pg_loss = agg_loss(pg_losses, m, loss_agg_mode, global_norm)
     return pg_loss, pg_clipfrac.detach(), ppo_kl.detach(), pg_clipfrac_lower.detach()
 

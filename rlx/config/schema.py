@@ -43,6 +43,10 @@ class DataConfig:
     """Prompts per training step (each sampled rollout.n times)."""
     val_batch_size: Optional[int] = None
     """Prompts per validation batch; null means the whole validation set at once."""
+    gen_batch_size: Optional[int] = None
+    """Prompts per generation round, the training loader's batch size (null: train_batch_size). With
+    algorithm.filter_groups.enable, rounds of gen_batch_size prompts are generated until train_batch_size groups
+    are kept (DAPO's dynamic sampling); without it, it must equal train_batch_size."""
     return_raw_chat: bool = True
     """Keep the raw chat messages in the batch."""
     shuffle: bool = True
@@ -595,10 +599,13 @@ class RewardModelConfig:
     DAPO's overlong penalty, reward_kwargs.overlong_buffer_cfg) | batch (the score function takes lists:
     compute_score(data_sources, solution_strs, ground_truths, extra_infos) -> list)."""
     reward_kwargs: dict = field(default_factory=dict)
-    """Extra keyword arguments of the score function (e.g. format_score); with reward_manager=dapo, verl's
-    overlong_buffer_cfg {enable, len, penalty_factor, log} and max_resp_len (default data.max_response_length)
-    go to the manager: a response longer than max_resp_len - len loses (length - (max_resp_len - len)) / len *
-    penalty_factor."""
+    """Arguments of the dapo reward manager (as in verl, nothing here reaches the score function):
+    overlong_buffer_cfg {enable, len, penalty_factor, log} and max_resp_len (default data.max_response_length): a
+    response longer than max_resp_len - len loses (length - (max_resp_len - len)) / len * penalty_factor."""
+    score_kwargs: dict = field(default_factory=dict)
+    """rlx key: keyword arguments of the built-in score functions (no custom_reward_function.path), e.g.
+    {method: flexible, format_score: 0.1} for GSM8K. Empty: verl's default_compute_score, each scorer with its
+    defaults (verl has no way to change them)."""
     launch_reward_fn_async: bool = False
     """verl key (not supported yet)."""
     non_finite_score: Optional[float] = None
@@ -647,6 +654,9 @@ class CustomRewardFunctionConfig:
     """Python file that defines the score function."""
     name: str = "compute_score"
     """Function name: compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict."""
+    reward_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments bound to the custom function (verl's `+custom_reward_function.reward_kwargs.*`); needs
+    path (for the built-in rewards: reward_model.score_kwargs)."""
 
 
 @dataclass
@@ -659,6 +669,61 @@ class KLCtrlConfig:
     """Adaptive controller horizon."""
     target_kl: float = 0.1
     """Adaptive controller target."""
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = False
+    """DAPO's dynamic sampling: drop the groups (a prompt's rollout.n responses) whose `metric` is the same for
+    every response, and generate more rounds of data.gen_batch_size prompts until data.train_batch_size groups
+    are kept; the batch is then cut to train_batch_size groups."""
+    metric: str = "reward"
+    """What must vary within a group: reward or seq_reward (the sum of the response's scores, before any KL
+    penalty), seq_final_reward (the same: the in-reward KL penalty is refused with dynamic sampling), or a key the
+    score function returns in its dict (acc, score, ...; acc is the score itself for a function returning a
+    number, as in verl's reward loop)."""
+    max_num_gen_batches: int = 0
+    """Generation rounds allowed per training step; the step fails with an error when they are used up before
+    enough groups are kept. 0 or less: no limit."""
+    max_inflight_gen_batches: int = 1
+    """verl key: prompt batches generated concurrently by verl's V1 sampler (speed only; rlx generates one round
+    at a time)."""
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    rollout_is: Optional[str] = None
+    """Importance weights pi_old / pi_rollout against the rollout engine's own log-probs (needs
+    actor_rollout_ref.rollout.calculate_log_probs=True), multiplying each token's policy loss: token (w_t =
+    exp(log pi_old - log pi_rollout) per token) | sequence (their product, on every token of the response) | null
+    (none). With calculate_log_probs=True the rollout_corr/* diagnostics are logged whatever this is."""
+    rollout_is_threshold: Any = 2.0
+    """A number: weights truncated at it (TIS); a "lower_upper" string (e.g. "0.5_5.0"): weights outside
+    [lower, upper] set to 0 (IcePop)."""
+    rollout_rs: Optional[str] = None
+    """Rejection sampling: tokens whose statistic is out of bounds leave the response mask; comma-separated options,
+    all must accept: token_k1 | token_k2 | token_k3 (per token), seq_sum_k1/k2/k3, seq_mean_k1/k2/k3, seq_max_k2/k3
+    (per response, the whole response leaves). k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r with
+    r = pi_old / pi_rollout. null: none."""
+    rollout_rs_threshold: Any = None
+    """Bounds of rollout_rs, one for all options or one per option (comma-separated): k1 takes "lower_upper" ratio
+    bounds or an upper one (the lower is its reciprocal); k2 / k3 take one positive upper bound."""
+    bypass_mode: bool = False
+    """verl's bypass mode (the rollout's log-probs used as the old ones, no recomputation): not supported yet."""
+    loss_type: str = "ppo_clip"
+    """The policy loss of bypass_mode (ppo_clip | reinforce); inert without it, as in verl."""
+    rollout_is_batch_normalize: bool = False
+    """Divide the importance weights by their mean over the batch's valid tokens (token level) or responses
+    (sequence level)."""
+
+
+@dataclass
+class PFPPOConfig:
+    reweight_method: str = "pow"
+    """How each response's weight comes from its score s (the sum of its token scores): pow (|s|^weight_pow) |
+    max_min (1 for the batch's highest and lowest s, else 0) | max_random (0.4 for the highest s, else 0.1)."""
+    weight_pow: float = 2.0
+    """Exponent of the pow method."""
 
 
 @dataclass
@@ -678,7 +743,17 @@ class AlgorithmConfig:
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     """KL controller of the in-reward penalty."""
     use_pf_ppo: bool = False
-    """verl key (not supported yet)."""
+    """Policy Filtration PPO (Zhang et al. 2024, "Policy Filtration in RLHF to Fine-Tune LLM for Code
+    Generation"): after GAE, the batch is resampled with replacement (same size), each response drawn with
+    probability proportional to its pf_ppo weight. As in verl, only adv_estimator=gae resamples."""
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
+    """Weights of use_pf_ppo's resampling."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    """Correction of the mismatch between the rollout engine's policy and the trainer's (importance weights,
+    rejection sampling), as verl's decoupled mode."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at
+    Scale")."""
 
 
 @dataclass
@@ -825,7 +900,7 @@ NOT_SUPPORTED: dict[str, Any] = {
     "reward_model.model.fsdp_config.fsdp_size": -1,
     "reward_model.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "reward_model.model.fsdp_config.optimizer_offload": False,  # the reward model has no optimizer
-    "algorithm.use_pf_ppo": False,
+    "algorithm.rollout_correction.bypass_mode": False,
     "trainer.default_hdfs_dir": None,
     "trainer.del_local_ckpt_after_load": False,
     "trainer.rollout_data_dir": None,
@@ -868,6 +943,8 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     "data.filter_overlong_prompts_workers": "speed only: the filter runs in the driver and drops the same prompts",
     "actor_rollout_ref.rollout.agent.num_workers": "speed only: verl's count of agent-loop processes; rlx runs every "
                                                    "trajectory of a rank concurrently in one event loop",
+    "algorithm.filter_groups.max_inflight_gen_batches": "speed only: verl's V1 sampler generates that many prompt "
+        "batches at once; rlx generates one round after the other and keeps the same groups",
     "actor_rollout_ref.actor.use_torch_compile": "speed only: rlx never compiles, whatever the value",
     "actor_rollout_ref.ref.use_torch_compile": "speed only: rlx never compiles, whatever the value",
     "actor_rollout_ref.rollout.multi_stage_wake_up": "verl 0.9.1 reads it only for SGLang; with vLLM verl and rlx "
@@ -879,6 +956,8 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     # so verl scripts that pass lora_alpha/target_modules next to critic lora_rank=0 keep working.
     "critic.model.lora_alpha": "inert without critic.model.lora_rank > 0 (refused), as in verl",
     "critic.model.target_modules": "inert without critic.model.lora_rank > 0 (refused), as in verl",
+    "algorithm.rollout_correction.loss_type": "inert without algorithm.rollout_correction.bypass_mode=True "
+        "(refused), as in verl",
 }
 NO_OP_BY_DESIGN.update(profiler.NO_OP_BY_DESIGN)  # options of the refused nsys/npu tools; torch's stack depth
 

@@ -478,6 +478,20 @@ def _check_reward(cfg, errors):
     _choice(errors, "reward_model.reward_manager", rm.reward_manager, REWARD_MANAGERS)
     kwargs = rm.reward_kwargs or {}
     manager_keys = [k for k in ("overlong_buffer_cfg", "max_resp_len") if k in kwargs]
+    for other in sorted(set(kwargs) - {"overlong_buffer_cfg", "max_resp_len"}):
+        errors.append(f"reward_model.reward_kwargs.{other}={kwargs[other]!r}: verl passes reward_model.reward_kwargs "
+                      f"only to the dapo reward manager (overlong_buffer_cfg, max_resp_len), never to the score "
+                      f"function, so it would change nothing. Fix: reward_model.score_kwargs.{other}=... for the "
+                      f"built-in rewards, or custom_reward_function.reward_kwargs.{other}=... for your function.")
+    crf = cfg.custom_reward_function
+    if crf.reward_kwargs and not crf.path:
+        errors.append(f"custom_reward_function.reward_kwargs={dict(crf.reward_kwargs)!r} binds arguments of a custom "
+                      f"function, and custom_reward_function.path is not set (verl ignores them then). Fix: set "
+                      f"custom_reward_function.path, or use reward_model.score_kwargs for the built-in rewards.")
+    if rm.score_kwargs and crf.path:
+        errors.append(f"reward_model.score_kwargs={dict(rm.score_kwargs)!r} configures the built-in rewards, and "
+                      f"custom_reward_function.path={crf.path!r} replaces them. Fix: move them to "
+                      f"custom_reward_function.reward_kwargs.")
     if manager_keys and rm.reward_manager != "dapo":
         errors.append(f"reward_model.reward_kwargs.{manager_keys[0]} configures verl's dapo reward manager, but "
                       f"reward_model.reward_manager={rm.reward_manager!r}. Fix: reward_model.reward_manager=dapo.")
@@ -503,6 +517,68 @@ def _check_reward(cfg, errors):
         if not isinstance(buffer.get("penalty_factor"), (int, float)):
             errors.append(f"{key}.penalty_factor={buffer.get('penalty_factor')!r} must be a number with "
                           f"{key}.enable=True.")
+
+
+FILTER_METRICS_SEQ = ("reward", "seq_reward", "seq_final_reward")
+PF_PPO_METHODS = ("pow", "max_min", "max_random")
+
+
+def _check_sampling(cfg, errors):
+    """DAPO's dynamic sampling (algorithm.filter_groups, data.gen_batch_size) and PF-PPO's resampling."""
+    fg, data = cfg.algorithm.filter_groups, cfg.data
+    gen = data.gen_batch_size
+    if gen is not None and (not isinstance(gen, int) or isinstance(gen, bool) or gen <= 0):
+        errors.append(f"data.gen_batch_size={gen!r} must be a positive number of prompts, or null.")
+    elif gen is not None and gen != data.train_batch_size and not fg.enable:
+        errors.append(f"data.gen_batch_size={gen} differs from data.train_batch_size={data.train_batch_size} "
+                      f"without algorithm.filter_groups.enable (verl would then train each step on gen_batch_size "
+                      f"prompts). Fix: data.train_batch_size={gen}, or algorithm.filter_groups.enable=True.")
+    if fg.enable:
+        if not isinstance(fg.metric, str) or not fg.metric:
+            errors.append(f"algorithm.filter_groups.metric={fg.metric!r} must name what varies within a group: "
+                          f"one of {list(FILTER_METRICS_SEQ)} or a key of the score function's dict (acc, ...).")
+        elif fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+            errors.append("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=True: the "
+                          "KL penalty is computed after the groups are chosen. Fix: metric=seq_reward (the score "
+                          "before the penalty), or algorithm.use_kl_in_reward=False.")
+        if not isinstance(fg.max_num_gen_batches, int) or isinstance(fg.max_num_gen_batches, bool):
+            errors.append(f"algorithm.filter_groups.max_num_gen_batches={fg.max_num_gen_batches!r} must be an "
+                          f"integer (0 or less: no limit).")
+    if not isinstance(fg.max_inflight_gen_batches, int) or fg.max_inflight_gen_batches <= 0:
+        errors.append(f"algorithm.filter_groups.max_inflight_gen_batches={fg.max_inflight_gen_batches!r} must be a "
+                      f"positive integer.")
+    _check_rollout_correction(cfg, errors)
+    pf = cfg.algorithm.pf_ppo
+    _choice(errors, "algorithm.pf_ppo.reweight_method", pf.reweight_method, PF_PPO_METHODS)
+    if not isinstance(pf.weight_pow, (int, float)) or isinstance(pf.weight_pow, bool):
+        errors.append(f"algorithm.pf_ppo.weight_pow={pf.weight_pow!r} must be a number.")
+
+
+def _check_rollout_correction(cfg, errors):
+    from rlx.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs
+
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    if rc.rollout_is is not None:
+        if rc.rollout_is not in IS_LEVELS:
+            errors.append(f"{key}.rollout_is={rc.rollout_is!r} is not valid; choose one of {list(IS_LEVELS)} or null.")
+        if rc.rollout_is_threshold is None:
+            errors.append(f"{key}.rollout_is_threshold=null with {key}.rollout_is={rc.rollout_is!r}: no weights would "
+                          f"be computed (verl skips them). Fix: a number (TIS) or 'lower_upper' (IcePop).")
+        else:
+            try:
+                parse_is_threshold(rc.rollout_is_threshold)
+            except ValueError as e:
+                errors.append(f"{e}.")
+    if rc.rollout_rs is not None:
+        try:
+            parse_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+        except ValueError as e:
+            errors.append(f"{e}.")
+    if (rc.rollout_is is not None or rc.rollout_rs is not None) and \
+            not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        errors.append(f"{key}.rollout_is={rc.rollout_is!r} / rollout_rs={rc.rollout_rs!r} compare the trainer's "
+                      f"log-probs with the rollout engine's, and actor_rollout_ref.rollout.calculate_log_probs=False "
+                      f"(verl then silently corrects nothing). Fix: actor_rollout_ref.rollout.calculate_log_probs=True.")
 
 
 def _check_data_trainer(cfg, errors):
@@ -699,6 +775,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_agent(cfg, errors)
     _check_reward(cfg, errors)
     _check_reward_model(cfg, errors)
+    _check_sampling(cfg, errors)
     _check_data_trainer(cfg, errors)
     _check_data_keys(cfg, errors)
     _check_profiler(cfg, errors)

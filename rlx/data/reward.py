@@ -21,63 +21,76 @@ import torch
 
 from rlx.config.schema import CustomRewardFunctionConfig, RLXConfig
 from rlx.data import synthetic
-from rlx.data.rewards import gsm8k
+from rlx.data.rewards import gsm8k, math_sources
 from rlx.protocol import Batch
 
 logger = logging.getLogger(__name__)
 
-_GSM8K_SOURCES = ("openai/gsm8k", "gsm8k")
-# reward_kwargs that configure verl's dapo manager rather than the score function
-MANAGER_KWARGS = ("overlong_buffer_cfg", "max_resp_len")
+_GSM8K_SOURCES = ("openai/gsm8k", "gsm8k")  # verl's name, and the short one rlx also takes
 
 
 def known_data_sources() -> list[str]:
-    return sorted([*_GSM8K_SOURCES, *synthetic.REWARDS])
+    return sorted([*_GSM8K_SOURCES, *math_sources.SOURCES, *synthetic.REWARDS])
 
 
-def default_compute_score(data_source, solution_str: str, ground_truth, extra_info=None, **kwargs):
-    """Dispatch on ``data_source`` to the built-in rule rewards."""
+def is_builtin_source(data_source) -> bool:
+    """Whether a built-in reward scores `data_source`."""
+    return (data_source in _GSM8K_SOURCES or math_sources.scorer(data_source) is not None
+            or data_source in synthetic.REWARDS)
+
+
+def builtin_score(data_source, solution_str: str, ground_truth, extra_info=None, **score_kwargs):
+    """The built-in rule reward of ``data_source``, called with ``score_kwargs`` (`reward_model.score_kwargs`,
+    e.g. ``method="flexible"`` or ``format_score=0.1`` for GSM8K)."""
     if data_source in _GSM8K_SOURCES:
-        return gsm8k.compute_score(solution_str, ground_truth, **kwargs)
+        return gsm8k.compute_score(solution_str, ground_truth, **score_kwargs)
+    if math_sources.scorer(data_source) is not None:
+        return math_sources.scorer(data_source)(solution_str, ground_truth, **score_kwargs)
     if data_source in synthetic.REWARDS:
-        return synthetic.REWARDS[data_source](solution_str, ground_truth, extra_info=extra_info, **kwargs)
-    raise ValueError(f"no built-in reward for data_source={data_source!r}; known: {known_data_sources()}. "
-                     f"For other data, write a function fn(data_source, solution_str, ground_truth, "
+        return synthetic.REWARDS[data_source](solution_str, ground_truth, extra_info=extra_info, **score_kwargs)
+    raise ValueError(f"no built-in reward for data_source={data_source!r}; known: {known_data_sources()} (and "
+                     f"aime*). For other data, write a function fn(data_source, solution_str, ground_truth, "
                      f"extra_info=None, **kwargs) in a .py file and set custom_reward_function.path (and "
                      f"custom_reward_function.name if it is not 'compute_score')")
 
 
-def load_reward_fn(custom_cfg: CustomRewardFunctionConfig, reward_kwargs: dict | None = None) -> Callable:
-    """The custom function ``custom_cfg.name`` from file ``custom_cfg.path`` if a path is set, else the default;
-    ``reward_kwargs`` (e.g. ``{"format_score": 0.1}``) are bound as keyword arguments, except the dapo manager's
-    own (`MANAGER_KWARGS`)."""
-    reward_kwargs = {k: v for k, v in (reward_kwargs or {}).items() if k not in MANAGER_KWARGS}
+def default_compute_score(data_source, solution_str: str, ground_truth, extra_info=None, **kwargs):
+    """verl's default score function: dispatch on ``data_source`` to the built-in rule rewards, each with its own
+    defaults. As in verl, extra keyword arguments are accepted and not passed on."""
+    return builtin_score(data_source, solution_str, ground_truth, extra_info)
+
+
+def load_reward_fn(custom_cfg: CustomRewardFunctionConfig, score_kwargs: dict | None = None) -> Callable:
+    """The custom function ``custom_cfg.name`` from file ``custom_cfg.path`` with ``custom_cfg.reward_kwargs``
+    bound (verl's `custom_reward_function.reward_kwargs`) if a path is set; else the built-in rewards, with
+    ``score_kwargs`` (`reward_model.score_kwargs`) bound when given, verl's `default_compute_score` otherwise."""
     path = custom_cfg.path
     if not path:
-        fn = default_compute_score
-    else:
-        name = custom_cfg.name
-        path = os.path.expanduser(str(path))
-        if not os.path.isfile(path):
-            raise ValueError(f"custom_reward_function.path={path!r} is not a file; give a .py file defining "
-                             f"{name}(data_source, solution_str, ground_truth, extra_info=None, **kwargs)")
-        module_name = f"rlx_custom_reward_{abs(hash(os.path.abspath(path)))}"
-        try:
-            spec = importlib.util.spec_from_file_location(module_name, path)
-            if spec is None or spec.loader is None:
-                raise ImportError("not a Python source file")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        except Exception as e:  # noqa: BLE001
-            raise ValueError(f"custom_reward_function.path={path!r} failed to import "
-                             f"({type(e).__name__}: {e})") from e
-        fn = getattr(module, name, None)
-        if not callable(fn):
-            found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-            raise ValueError(f"custom_reward_function.name={name!r} is not a function in "
-                             f"custom_reward_function.path={path!r}; functions there: {found}")
-    if reward_kwargs:
-        fn = functools.partial(fn, **reward_kwargs)
+        if score_kwargs:
+            return functools.partial(builtin_score, **score_kwargs)
+        return default_compute_score
+    name = custom_cfg.name
+    path = os.path.expanduser(str(path))
+    if not os.path.isfile(path):
+        raise ValueError(f"custom_reward_function.path={path!r} is not a file; give a .py file defining "
+                         f"{name}(data_source, solution_str, ground_truth, extra_info=None, **kwargs)")
+    module_name = f"rlx_custom_reward_{abs(hash(os.path.abspath(path)))}"
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError("not a Python source file")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"custom_reward_function.path={path!r} failed to import "
+                         f"({type(e).__name__}: {e})") from e
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise ValueError(f"custom_reward_function.name={name!r} is not a function in "
+                         f"custom_reward_function.path={path!r}; functions there: {found}")
+    if custom_cfg.reward_kwargs:
+        fn = functools.partial(fn, **custom_cfg.reward_kwargs)
     return fn
 
 

@@ -72,7 +72,8 @@ class ActorEngine(FSDPEngine):
                 old_log_prob=mb["old_log_probs"].to(self.device), log_prob=log_prob,
                 advantages=mb["advantages"].to(self.device), response_mask=mask,
                 cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low, cliprange_high=cfg.clip_ratio_high,
-                clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode, global_norm=norm)
+                clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode, global_norm=norm,
+                rollout_is_weights=mb["rollout_is_weights"].to(self.device) if "rollout_is_weights" in mb else None)
             loss, shares = pg_loss, {"actor/pg_loss": pg_loss.detach()}
             means = {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl, "actor/pg_clipfrac_lower": clipfrac_lower}
             if entropy is not None:

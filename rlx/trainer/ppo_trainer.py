@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from rlx.algos import core_algos
@@ -19,6 +20,7 @@ from rlx.algos.probs_diff import rollout_probs_diff
 from rlx.config.schema import RLXConfig
 from rlx.protocol import Batch
 from rlx.trainer.profiling import StepProfiling
+from rlx.trainer.dynamic_sampling import DynamicSampling, NotEnoughGroups
 from rlx.trainer.tracking import Tracker
 
 if TYPE_CHECKING:
@@ -112,8 +114,19 @@ class RayPPOTrainer:
         self.use_critic = cfg.algorithm.adv_estimator == "gae"
         self.use_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.tokenizer = inputs.tokenizer
-        self.train_loader = PromptLoader(inputs.train_dataset, data.train_batch_size, shuffle=data.shuffle,
-                                         seed=data.seed)
+        self.train_loader = PromptLoader(inputs.train_dataset, data.gen_batch_size or data.train_batch_size,
+                                         shuffle=data.shuffle, seed=data.seed)
+        self.dynamic_sampling = DynamicSampling(cfg.algorithm.filter_groups, data.train_batch_size, arr.rollout.n)
+        pf = cfg.algorithm.pf_ppo
+        pf_ppo = (pf.reweight_method, pf.weight_pow)
+        self.pf_ppo = pf_ppo if cfg.algorithm.use_pf_ppo and self.use_critic else None  # verl: after GAE only
+        rc = cfg.algorithm.rollout_correction
+        self.rollout_corr = dict(rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
+                                 rollout_is_batch_normalize=rc.rollout_is_batch_normalize, rollout_rs=rc.rollout_rs,
+                                 rollout_rs_threshold=rc.rollout_rs_threshold)
+        if cfg.algorithm.use_pf_ppo and not self.use_critic:
+            log.warning("algorithm.use_pf_ppo=True resamples only with adv_estimator=gae (as in verl); with %s it "
+                        "does nothing", cfg.algorithm.adv_estimator)
         self.val_loader = PromptLoader(inputs.val_dataset, data.val_batch_size, shuffle=False, drop_last=False)
         self.reward_fn = build_reward_manager(cfg, self.tokenizer, inputs.score_fn)
         self.resume_dir = inputs.resume_dir
@@ -198,11 +211,8 @@ class RayPPOTrainer:
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         with timed("step", timing):
-            with timed("gen", timing):
-                batch = worker_metrics(self.generate(prompts, validate=False), metrics)
+            batch = self.sample(prompts, metrics, timing)
             batch = self.balance_batch(batch, metrics)
-            with timed("reward", timing):
-                self.compute_reward(batch, metrics)
             with timed("old_log_prob", timing):
                 batch = batch.union(worker_metrics(self.actor.compute_log_prob(batch), metrics))
             if "rollout_log_probs" in batch:
@@ -216,6 +226,7 @@ class RayPPOTrainer:
                     batch = batch.union(worker_metrics(self.critic.compute_values(batch), metrics))
             with timed("adv", timing):
                 self.compute_advantage(batch, metrics)
+            batch = self.pf_ppo_resample(batch)
             if self.use_critic:
                 with timed("update_critic", timing):
                     metrics.update(self.critic.update(batch))
@@ -234,6 +245,24 @@ class RayPPOTrainer:
         return metrics
 
     # ---- steps ----------------------------------------------------------------------------------------
+    def sample(self, prompts: Batch, metrics: dict, timing: dict) -> Batch:
+        """The step's training batch: `prompts` generated and scored, and with `algorithm.filter_groups` the kept
+        groups of as many further rounds as it takes (`rlx.trainer.dynamic_sampling`)."""
+        try:
+            return self.dynamic_sampling.fill(self.rollout(prompts, metrics, timing),
+                                              lambda: self.rollout(self.train_loader.next_batch(), metrics, timing),
+                                              metrics)
+        except NotEnoughGroups as e:
+            raise TrainingStopped(f"step {self.global_step}: {e}") from None
+
+    def rollout(self, prompts: Batch, metrics: dict, timing: dict) -> tuple[Batch, dict]:
+        """Generate and score one round of prompts: the batch (with token_level_scores) and the reward extras."""
+        with timed("gen", timing):
+            batch = worker_metrics(self.generate(prompts, validate=False), metrics)
+        with timed("reward", timing):
+            extra = self.compute_reward(batch, metrics)
+        return batch, extra
+
     def generate(self, prompts: Batch, validate: bool) -> Batch:
         """Rollout on the actor workers; returns rows repeated n times with prompt fields and group uids."""
         r = self.cfg.actor_rollout_ref.rollout
@@ -268,7 +297,8 @@ class RayPPOTrainer:
                         "global_seqlen/mean": sum(lengths) / self.world_size})
         return batch.index([i for g in groups for i in g])
 
-    def compute_reward(self, batch: Batch, metrics: dict) -> None:
+    def compute_reward(self, batch: Batch, metrics: dict) -> dict:
+        """token_level_scores into the batch; returns the score function's extra values (one list per key)."""
         from rlx.data.reward import mean_extras
 
         scores, extra = self.score(batch, metrics)
@@ -276,6 +306,7 @@ class RayPPOTrainer:
         metrics.update({f"reward_extra/{k}": v for k, v in mean_extras(extra).items()})
         if self.cfg.reward_model.non_finite_score is not None:
             metrics["reward/non_finite_count"] = float(self.reward_fn.non_finite_count)
+        return extra
 
     def score(self, batch: Batch, metrics: dict | None = None):
         """Token-level scores of a generated batch and the reward function's extra values: the reward model's
@@ -300,11 +331,36 @@ class RayPPOTrainer:
                                                               mask, self.kl_ctrl, alg.kl_penalty)
             metrics.update(kl_metrics)
         batch.tensors["token_level_rewards"] = rewards
+        mask = self.correct_rollout(batch, metrics)  # verl: after the KL penalty, before the advantages
         adv, ret = core_algos.compute_advantage(alg.adv_estimator, token_level_rewards=rewards, response_mask=mask,
                                                 values=batch.tensors.get("values"), index=batch["uid"],
                                                 gamma=alg.gamma, lam=alg.lam,
                                                 norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
         batch.tensors["advantages"], batch.tensors["returns"] = adv, ret
+
+    def correct_rollout(self, batch: Batch, metrics: dict) -> torch.Tensor:
+        """`algorithm.rollout_correction` (verl's decoupled mode), when the rollout returned its log-probs: importance
+        weights `rollout_is_weights` for the policy loss, rejected tokens out of `response_mask`, `rollout_corr/*`
+        metrics. Returns the response mask (float) the advantages use."""
+        if "rollout_log_probs" in batch:
+            from rlx.algos.rollout_correction import rollout_correction
+
+            weights, mask, corr_metrics = rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"],
+                                                             batch["response_mask"], **self.rollout_corr)
+            batch.tensors["response_mask"] = mask
+            if weights is not None:
+                batch.tensors["rollout_is_weights"] = weights
+            metrics.update(corr_metrics)
+        return batch["response_mask"].float()
+
+    def pf_ppo_resample(self, batch: Batch) -> Batch:
+        """`algorithm.use_pf_ppo` (verl's, after GAE only): the batch drawn again, with replacement, each response
+        with probability proportional to its PF-PPO weight."""
+        if self.pf_ppo is None:
+            return batch
+        from rlx.algos.pf_ppo import resample_indices
+
+        return batch.index(resample_indices(batch["token_level_scores"].sum(-1), *self.pf_ppo))
 
     def validate(self) -> dict:
         """Greedy (by default) generation over the validation set: val/<data_source>/reward/mean and, with

@@ -212,25 +212,26 @@ def _load_dataset(key: str, files, tokenizer, cfg: RLXConfig, problems: list[str
 
 
 def _check_batches(cfg: RLXConfig, train, problems: list[str]) -> None:
-    if len(train) < cfg.data.train_batch_size:
-        problems.append(f"data.train_batch_size={cfg.data.train_batch_size} exceeds the {len(train)} prompts of "
-                        f"data.train_files; use more data or a smaller data.train_batch_size.")
+    key = "data.gen_batch_size" if cfg.data.gen_batch_size else "data.train_batch_size"
+    size = cfg.data.gen_batch_size or cfg.data.train_batch_size
+    if len(train) < size:
+        problems.append(f"{key}={size} exceeds the {len(train)} prompts of data.train_files; use more data or a "
+                        f"smaller {key}.")
 
 
 def _check_reward(cfg: RLXConfig, datasets: list, problems: list[str]):
-    from rlx.data.reward import known_data_sources, load_reward_fn
+    from rlx.data.reward import is_builtin_source, known_data_sources, load_reward_fn
 
     try:
-        fn = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.reward_kwargs)
+        fn = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.score_kwargs)
     except ValueError as e:
         problems.append(f"{e}.")
         return None
     if not cfg.custom_reward_function.path and not uses_reward_model(cfg):  # the reward model scores every source
-        known = set(known_data_sources())
-        unknown = sorted({s for ds in datasets for s in ds.data_sources()} - known)
+        unknown = sorted({s for ds in datasets for s in ds.data_sources() if not is_builtin_source(s)})
         if unknown:
             problems.append(f"data_source {unknown} (column data.reward_fn_key={cfg.data.reward_fn_key!r}) has no "
-                            f"built-in reward (known: {sorted(known)}). Fix: set custom_reward_function.path=<file.py> "
+                            f"built-in reward (known: {known_data_sources()} and aime*). Fix: set custom_reward_function.path=<file.py> "
                             f"defining compute_score(data_source, solution_str, ground_truth, extra_info=None).")
     return fn
 

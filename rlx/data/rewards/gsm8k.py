@@ -1,51 +1,46 @@
-"""GSM8K reward. verl's "strict" method: the answer is the number after the LAST ``####`` in the response;
-"flexible" (verl's GSM8K tool): the last number anywhere in it."""
+"""GSM8K reward, as verl scores it (ReFT's rule: Trung et al., "ReFT: Reasoning with Reinforced Fine-Tuning", ACL 2024).
+
+Only the last `CLIP_CHARS` characters of a response are read. The answer is a string of digits, dots and commas:
+- strict: the last one written right after ``"#### "`` (one space, an optional minus sign), its commas removed;
+- flexible: the last one anywhere in the tail that is not a lone ``"."``, taken as written (commas kept).
+The answer is compared with the ground truth as a string, so ``18.``, ``18.00``, ``018`` and ``$18`` are not
+``18``, and ``####18`` or ``####  18`` are no answer at all. The score is ``score`` for an equal answer,
+``format_score`` for another answer, 0 for no answer.
+"""
 from __future__ import annotations
 
 import re
 
-_ANSWER = re.compile(r"####\s*\$?\s*(-?[0-9.,]*[0-9][0-9.,]*)")
-_CLIP_CHARS = 1000  # only the tail matters, and regexes over huge garbage responses get slow
+CLIP_CHARS = 300
+"""verl reads the last 300 characters of a response (its stand-in for the last 300 tokens)."""
 
-
-def _normalise(number: str) -> str:
-    number = number.replace(",", "").replace("$", "").strip().rstrip(".")
-    if "." in number:  # "18.00" == "18"
-        number = number.rstrip("0").rstrip(".")
-    return number
-
-
-def extract_solution(solution_str: str) -> str | None:
-    """The normalised number after the last ``####`` (commas, ``$`` and a trailing period stripped), or None."""
-    found = _ANSWER.findall(solution_str[-_CLIP_CHARS:])
-    return _normalise(found[-1]) if found else None
-
-
+METHODS = ("strict", "flexible")
+_STRICT = re.compile(r"#### (-?[0-9.,]+)")
 _NUMBER = re.compile(r"-?[0-9.,]+")
 
 
-def extract_flexible(solution_str: str) -> str | None:
-    """The normalised last number of the text (a lone "." is not a number), or None."""
-    for found in reversed(_NUMBER.findall(solution_str[-_CLIP_CHARS:])):
-        if found not in ("", ".") and any(c.isdigit() for c in found):
-            return _normalise(found)
-    return None
+def extract_solution(solution_str: str, method: str = "strict") -> str | None:
+    """The answer string that `method` reads in the tail of `solution_str`, or None when there is none."""
+    if method not in METHODS:
+        raise ValueError(f"gsm8k method={method!r}; use one of {list(METHODS)}")
+    tail = solution_str[-CLIP_CHARS:]
+    if method == "strict":
+        found = _STRICT.findall(tail)
+        return found[-1].replace(",", "") if found else None
+    found = _NUMBER.findall(tail)
+    if not found:
+        return None
+    for candidate in reversed(found):
+        if candidate != ".":
+            return candidate
+    return found[0]  # every candidate is a lone "." (verl keeps the last one its loop looked at)
 
 
 def compute_score(solution_str: str, ground_truth, method: str = "strict", format_score: float = 0.0,
-                  score: float = 1.0, **_) -> float:
-    """``score`` for the right answer, ``format_score`` for a wrong ``#### <number>`` answer, else 0."""
-    if method not in ("strict", "flexible"):
-        raise ValueError(f"gsm8k compute_score: method must be 'strict' or 'flexible' (got {method!r})")
-    answer = extract_solution(solution_str) if method == "strict" else extract_flexible(solution_str)
+                  score: float = 1.0) -> float:
+    """``score`` when the extracted answer equals `ground_truth` (string equality), ``format_score`` for any
+    other answer, 0.0 when there is none."""
+    answer = extract_solution(solution_str, method)
     if answer is None:
         return 0.0
-    truth = _normalise(str(ground_truth))
-    if answer == truth:
-        return float(score)
-    try:
-        if float(answer) == float(truth):
-            return float(score)
-    except ValueError:
-        pass
-    return float(format_score)
+    return float(score) if answer == ground_truth else float(format_score)
