@@ -86,7 +86,10 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     """Free gathered parameters after forward (ZeRO-3); False keeps them until backward (ZeRO-2)."""
     fsdp_size: int = -1
-    """verl key: FSDP group size (-1: all ranks). Hybrid sharding is not supported yet."""
+    """Ranks that shard one copy of the model (verl's FSDP group size). -1 (or any size >= the world size, as in
+    verl): shard over all ranks. N that divides the world: hybrid sharding (HSDP), world/N replicas of N
+    consecutive ranks; parameters sharded inside a replica, gradients averaged over all ranks, so training is
+    the same as with -1, with more memory per rank and less traffic between replicas (e.g. N = GPUs per node)."""
     forward_prefetch: bool = False
     """Prefetch the next layer's all-gather during forward (FSDP1's forward_prefetch; FSDP2: each decoder layer
     prefetches the next one)."""
@@ -662,21 +665,18 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": False,
     "actor_rollout_ref.actor.entropy_checkpointing": False,
-    "actor_rollout_ref.actor.fsdp_config.fsdp_size": -1,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.actor.optim.total_training_steps": -1,
     "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
     "actor_rollout_ref.hybrid_engine": True,
     "actor_rollout_ref.ref.entropy_from_logits_with_chunking": False,
     "actor_rollout_ref.ref.entropy_checkpointing": False,
-    "actor_rollout_ref.ref.fsdp_config.fsdp_size": -1,
     "actor_rollout_ref.ref.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": False,  # the ref has no optimizer
     "actor_rollout_ref.rollout.mode": "sync",
     "actor_rollout_ref.rollout.layered_summon": False,
     "critic.model.use_shm": False,
     "critic.model.lora_rank": 0,
-    "critic.model.fsdp_config.fsdp_size": -1,
     "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "critic.optim.total_training_steps": -1,
     "reward_model.enable": False,

@@ -67,14 +67,21 @@ SP_ROLES = (("actor_rollout_ref.actor", "actor_rollout_ref.model"),
             ("actor_rollout_ref.ref", "actor_rollout_ref.model"), ("critic", "critic.model"))
 
 
-def _sp_roles(cfg):
-    """(sp key, sp, model key prefix, model config) of each role that is built with sp > 1."""
+def _built_roles(cfg):
+    """(role key, model key prefix) of each role the job builds: the actor, the ref with a KL term, the critic
+    with GAE."""
     ref_built = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     for role, model_prefix in SP_ROLES:
         if role == "actor_rollout_ref.ref" and not ref_built:
             continue
         if role == "critic" and cfg.algorithm.adv_estimator != "gae":
             continue
+        yield role, model_prefix
+
+
+def _sp_roles(cfg):
+    """(sp key, sp, model key prefix, model config) of each role that is built with sp > 1."""
+    for role, model_prefix in _built_roles(cfg):
         yield f"{role}.ulysses_sequence_parallel_size", _get(cfg, f"{role}.ulysses_sequence_parallel_size"), \
             model_prefix, _get(cfg, model_prefix)
 
@@ -103,6 +110,21 @@ def _check_sequence_parallel(cfg, errors):
         problem = sp_heads_problem(key, sp, heads, conf.get("num_key_value_heads"), f"{prefix}.path={model.path!r}")
         if problem:
             errors.append(problem)
+
+
+def _check_fsdp_size(cfg, errors):
+    """Hybrid sharding: `fsdp_size` ranks per replica must split the world evenly (verl's meaning; -1 or a size of
+    at least the world shards over all ranks)."""
+    ws = world_size(cfg)
+    for role, _ in _built_roles(cfg):
+        key = f"{role}.fsdp_config.fsdp_size" if role != "critic" else "critic.model.fsdp_config.fsdp_size"
+        n = _get(cfg, key)
+        if not isinstance(n, int) or isinstance(n, bool):
+            errors.append(f"{key}={n!r} must be an integer: -1 (shard over all ranks) or a divisor of the world size.")
+        elif n == 0 or (0 < n < ws and ws % n):
+            errors.append(f"{key}={n} must divide the world size {ws} (trainer.nnodes * trainer.n_gpus_per_node): "
+                          f"the ranks split into replicas of {key} ranks that each shard the model (hybrid sharding). "
+                          f"Fix: {key} among the divisors of {ws} (e.g. trainer.n_gpus_per_node), or {key}=-1.")
 
 
 def sp_heads_problem(key: str, sp: int, heads: int, kv_heads: int | None, where: str) -> str | None:
@@ -523,6 +545,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_batch_sizes(cfg, errors)
     _check_long_sequences(cfg, errors)
     _check_sequence_parallel(cfg, errors)
+    _check_fsdp_size(cfg, errors)
     _check_lora(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_rollout(cfg, errors)

@@ -20,6 +20,9 @@ from rlx.engine.packing import micro_batches, restore_order, token_inputs
 
 log = logging.getLogger("rlx")
 
+FSDP_KEYS = {"actor": "actor_rollout_ref.actor.fsdp_config", "ref": "actor_rollout_ref.ref.fsdp_config",
+             "critic": "critic.model.fsdp_config"}  # each role's fsdp_config, as errors name it
+
 
 class FSDPEngine:
     """An FSDP-wrapped HF model with (optionally) an optimizer, activation offload and CPU offload.
@@ -89,7 +92,7 @@ class FSDPEngine:
                 warnings.filterwarnings("ignore", message=".*has both parameters with requires_grad=True and False")
                 log.info("[%s] LoRA with strategy=fsdp: FSDP1 keeps one flat gradient per layer, frozen weights "
                          "included (full-size gradient memory); strategy=fsdp2 holds the adapters' only", role)
-            self.module = F.apply_fsdp(model, strategy, fsdp_cfg, device)
+            self.module = F.apply_fsdp(model, strategy, fsdp_cfg, device, key=FSDP_KEYS[role])
         self.offloader, self._offload_reported = None, False
         if offload:
             # The offload module owns checkpointing when both are on (one saved-tensors hook at a time).
