@@ -101,6 +101,13 @@ class FSDPConfig:
     mixed_precision: dict = field(default_factory=dict)
     """FSDP compute dtypes {param_dtype, reduce_dtype, buffer_dtype}: fp32 | bf16 | fp16. Keys left unset get
     verl's defaults on cuda (param bf16, reduce fp32, buffer fp32) and fp32 on cpu."""
+    use_orig_params: bool = False
+    """verl key: FSDP1's flat-parameter bookkeeping. rlx's FSDP1 always keeps the original parameters (True): the
+    same AdamW update of the same gradients as the flat view (False), up to floating-point summation order; see
+    NO_OP_BY_DESIGN."""
+    strategy: str = "fsdp"
+    """verl key: fsdp | fsdp2 | fsdp_turbo. verl overwrites it with the role's own `strategy` (actor.strategy,
+    ref.strategy, critic.strategy), which is what chooses FSDP1 or FSDP2, there and in rlx."""
 
 
 @dataclass
@@ -401,6 +408,10 @@ class ActorRolloutRefConfig:
     """Reference policy (KL)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Generation."""
+    nccl_timeout: int = 600
+    """Seconds a collective of the actor/rollout/ref workers' process group (NCCL on GPU, gloo on CPU) waits for
+    the other ranks before it fails the run (verl's: the timeout of init_process_group). The critic's group uses
+    600, as verl's FSDP critic does."""
 
 
 @dataclass
@@ -708,9 +719,22 @@ FOLLOWS: dict[str, str] = {
     "actor_rollout_ref.rollout.response_length": "data.max_response_length",
 }
 
+_ORIG_PARAMS = ("FSDP1 bookkeeping only: rlx's FSDP1 always exposes the original parameters (use_orig_params=True, "
+                "which LoRA's frozen and trained weights in one unit need); the flat-parameter view applies the same "
+                "elementwise AdamW update to the same gradients (equal up to floating-point summation order, as "
+                "FSDP1 and FSDP2 are); FSDP2 has no flat parameters (verl ignores it there)")
+_ENGINE_STRATEGY = ("inert in verl too: its FSDP actor/critic config overwrites fsdp_config.strategy with the role's "
+                    "strategy key, which picks FSDP1 or FSDP2 in rlx as in verl")
+
 # verl keys that are accepted with any value and do nothing in rlx, each with the reason it is honest to accept
 # them. Keep this short: a key that changes what verl computes is implemented or refused, never listed here.
 NO_OP_BY_DESIGN: dict[str, str] = {
+    "actor_rollout_ref.actor.fsdp_config.use_orig_params": _ORIG_PARAMS,
+    "actor_rollout_ref.actor.fsdp_config.strategy": _ENGINE_STRATEGY,
+    "actor_rollout_ref.ref.fsdp_config.use_orig_params": _ORIG_PARAMS,
+    "actor_rollout_ref.ref.fsdp_config.strategy": _ENGINE_STRATEGY,
+    "critic.model.fsdp_config.use_orig_params": _ORIG_PARAMS,
+    "critic.model.fsdp_config.strategy": _ENGINE_STRATEGY,
     "data.dataloader_num_workers": "loader speed only: rlx tokenizes every prompt once, up front, in the driver",
     "data.filter_overlong_prompts_workers": "speed only: the filter runs in the driver and drops the same prompts",
     "actor_rollout_ref.actor.use_torch_compile": "speed only: rlx never compiles, whatever the value",

@@ -13,6 +13,7 @@ from rlx.algos.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES
 from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, RLXConfig
 
 STRATEGIES = ("fsdp", "fsdp2")
+VERL_ENGINE_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")  # the values verl's FSDP engine config accepts
 ROLLOUT_NAMES = ("auto", "vllm", "hf")
 TRUNCATIONS = ("error", "left", "right", "middle")
 LOGGERS = ("console", "file", "tensorboard", "wandb")
@@ -112,6 +113,13 @@ def _check_sequence_parallel(cfg, errors):
             errors.append(problem)
 
 
+def _check_timeout(cfg, errors):
+    t = cfg.actor_rollout_ref.nccl_timeout
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
+        errors.append(f"actor_rollout_ref.nccl_timeout={t!r} must be a positive number of seconds (verl's default: "
+                      f"600). Fix: actor_rollout_ref.nccl_timeout=600.")
+
+
 def _check_fsdp_size(cfg, errors):
     """Hybrid sharding: `fsdp_size` ranks per replica must split the world evenly (verl's meaning; -1 or a size of
     at least the world shards over all ranks)."""
@@ -188,6 +196,11 @@ def _check_strategies(cfg, errors):
     for strategy_key, prefix in (("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.fsdp_config"),
                                  ("actor_rollout_ref.ref.strategy", "actor_rollout_ref.ref.fsdp_config"),
                                  ("critic.strategy", "critic.model.fsdp_config")):
+        engine_strategy = _get(cfg, f"{prefix}.strategy")  # verl replaces it by the role's strategy: only checked
+        if engine_strategy not in VERL_ENGINE_STRATEGIES:
+            errors.append(f"{prefix}.strategy={engine_strategy!r} is not one of verl's {list(VERL_ENGINE_STRATEGIES)} "
+                          f"(verl overwrites it with {strategy_key}, which picks FSDP1 or FSDP2). Fix: drop it, or "
+                          f"set {strategy_key}.")
         if _get(cfg, strategy_key) == "fsdp" and _get(cfg, f"{prefix}.offload_policy"):
             errors.append(f"{prefix}.offload_policy=True is FSDP2's CPUOffloadPolicy, but {strategy_key}=fsdp. Fix: "
                           f"{strategy_key}=fsdp2, or {prefix}.param_offload=True (both strategies) instead.")
@@ -546,6 +559,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_long_sequences(cfg, errors)
     _check_sequence_parallel(cfg, errors)
     _check_fsdp_size(cfg, errors)
+    _check_timeout(cfg, errors)
     _check_lora(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_rollout(cfg, errors)

@@ -15,6 +15,9 @@ log = logging.getLogger("rlx")
 
 
 class ActorRolloutRefWorker(Worker):
+    def process_group_timeout_s(self) -> float:
+        return self.cfg.actor_rollout_ref.nccl_timeout
+
     def init_model(self, total_steps: int, rollout_name: str) -> None:
         from rlx.engine.actor import ActorEngine
         from rlx.engine.base import role_micro_batch_tokens
