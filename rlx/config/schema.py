@@ -170,7 +170,9 @@ class ModelConfig:
     exclude_modules: Any = None
     """Modules to leave without adapters (lora_rank > 0): a list of module names, or a regex; null: none."""
     use_liger: bool = False
-    """verl key (not supported yet)."""
+    """Liger's Triton kernels (the liger-kernel package) for the RMSNorms, the SwiGLU MLP and the rotary embedding of
+    the policy (actor and ref); its cross-entropy stays off (rlx's head computes the log-probs). GPU only (refused
+    with trainer.device=cpu). See docs/kernels.md."""
     use_fused_kernels: bool = True
     """Fused log-prob head for the actor and the ref: hidden states -> output projection -> temperature ->
     log-prob (and entropy) in chunks of tokens, recomputed chunk by chunk in backward, never holding
@@ -252,6 +254,9 @@ class ActorConfig:
     """token-mean | seq-mean-token-sum | seq-mean-token-mean."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient."""
+    use_prefix_grouper: bool = False
+    """verl key, refused (only False): verl's PrefixGrouper forwards the prompt shared by a group's n responses
+    once; see NOT_SUPPORTED_REASONS."""
     use_kl_loss: bool = False
     """Add a KL(actor || ref) loss term (GRPO style)."""
     kl_loss_coef: float = 0.001
@@ -440,6 +445,9 @@ class CriticModelConfig:
     tile_layer_tokens: int = 0
     """Run the token-local parts of each decoder layer in tiles of this many tokens (0: off; needs
     enable_gradient_checkpointing=True); see actor_rollout_ref.model."""
+    use_liger: bool = False
+    """Liger's Triton kernels for the critic's RMSNorms, SwiGLU MLP and rotary embedding (GPU only); see
+    actor_rollout_ref.model.use_liger."""
     use_shm: bool = False
     """verl key (not supported yet)."""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -672,8 +680,8 @@ NOT_SUPPORTED: dict[str, Any] = {
     "data.video_key": "videos",
     "data.custom_cls": {"path": None, "name": None},
     "actor_rollout_ref.model.use_shm": False,
-    "actor_rollout_ref.model.use_liger": False,
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
+    "actor_rollout_ref.actor.use_prefix_grouper": False,
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": False,
     "actor_rollout_ref.actor.entropy_checkpointing": False,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
@@ -702,6 +710,17 @@ NOT_SUPPORTED: dict[str, Any] = {
     "trainer.validation_data_dir": None,
 }
 
+
+# Why some NOT_SUPPORTED keys are refused (the validation error says it).
+NOT_SUPPORTED_REASONS: dict[str, str] = {
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend":
+        "rlx's fused log-prob head is torch code in chunks of tokens (fused_kernel_options.chunk_size); a Triton "
+        "kernel would have to beat it, which has not been measured, so only torch is offered",
+    "actor_rollout_ref.actor.use_prefix_grouper":
+        "verl's PrefixGrouper runs the prompt shared by a group's n responses once (a shared-prefix attention "
+        "patch plus group-level batch balancing); rlx forwards each response with its own copy of the prompt, "
+        "which computes the same log-probs, only with more compute",
+}
 
 # verl's deprecated global batch-size keys: refused unless null, pointing at the per-GPU key that replaces them.
 DEPRECATED: dict[str, str] = {

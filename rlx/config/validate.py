@@ -10,7 +10,7 @@ import json
 import os
 
 from rlx.algos.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
-from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, RLXConfig
+from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, NOT_SUPPORTED_REASONS, RLXConfig
 
 STRATEGIES = ("fsdp", "fsdp2")
 VERL_ENGINE_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")  # the values verl's FSDP engine config accepts
@@ -120,6 +120,21 @@ def _check_timeout(cfg, errors):
                       f"600). Fix: actor_rollout_ref.nccl_timeout=600.")
 
 
+def _check_kernels(cfg, errors):
+    """Liger's Triton kernels need a GPU and the liger-kernel package."""
+    for role, prefix in _built_roles(cfg):
+        if role == "actor_rollout_ref.ref":
+            continue  # the policy's model key: said once for the actor
+        key = f"{prefix}.use_liger"
+        if not _get(cfg, key):
+            continue
+        if cfg.trainer.device == "cpu":
+            errors.append(f"{key}=True runs Liger's Triton kernels, which need a GPU, but trainer.device=cpu. "
+                          f"Fix: {key}=False, or trainer.device=cuda.")
+        elif importlib.util.find_spec("liger_kernel") is None:
+            errors.append(f"{key}=True needs the liger-kernel package. Fix: pip install liger-kernel, or {key}=False.")
+
+
 def _check_fsdp_size(cfg, errors):
     """Hybrid sharding: `fsdp_size` ranks per replica must split the world evenly (verl's meaning; -1 or a size of
     at least the world shards over all ranks)."""
@@ -154,7 +169,8 @@ def _check_not_supported(cfg, errors):
     for key, default in NOT_SUPPORTED.items():
         value = _get(cfg, key)
         if value != default:
-            errors.append(f"{key}={value!r} is not supported yet by rlx; remove it (or set {key}={default}).")
+            why = f" ({NOT_SUPPORTED_REASONS[key]})" if key in NOT_SUPPORTED_REASONS else ""
+            errors.append(f"{key}={value!r} is not supported yet by rlx{why}; remove it (or set {key}={default}).")
     for key, replacement in DEPRECATED.items():
         if _get(cfg, key) is not None:
             errors.append(f"{key} is deprecated in verl and not supported by rlx; set {replacement} instead.")
@@ -560,6 +576,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_sequence_parallel(cfg, errors)
     _check_fsdp_size(cfg, errors)
     _check_timeout(cfg, errors)
+    _check_kernels(cfg, errors)
     _check_lora(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_rollout(cfg, errors)

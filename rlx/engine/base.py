@@ -22,6 +22,7 @@ log = logging.getLogger("rlx")
 
 FSDP_KEYS = {"actor": "actor_rollout_ref.actor.fsdp_config", "ref": "actor_rollout_ref.ref.fsdp_config",
              "critic": "critic.model.fsdp_config"}  # each role's fsdp_config, as errors name it
+MODEL_KEYS = {"actor": "actor_rollout_ref.model", "ref": "actor_rollout_ref.model", "critic": "critic.model"}
 
 
 class FSDPEngine:
@@ -56,6 +57,10 @@ class FSDPEngine:
                                  trust_remote_code=model_cfg.trust_remote_code,
                                  external_lib=model_cfg.external_lib, attn_implementation=attn)
         self.num_layers = model.config.num_hidden_layers
+        # Liger's kernels first: LoRA, the tiled MLP and layers, the offload then call its module forwards
+        from rlx.engine.liger import apply_liger
+
+        self.liger = apply_liger(model, model_cfg.use_liger, device, f"{MODEL_KEYS[role]}.use_liger")
         self.lora = None  # LoRA (peft) on the plain HF model, first: the head, tiling and FSDP see its modules
         if model_cfg.lora_rank > 0:
             from rlx.engine.lora import apply_lora
