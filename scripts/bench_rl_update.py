@@ -26,6 +26,7 @@ Schemes are names made of parts joined by "_" (any order; a part that is absent 
     tile[N]    model.tile_mlp_tokens=N (default --tile-tokens): token-tiled MLP
     layer[N]   model.tile_layer_tokens=N (default --layer-tokens): token-tiled decoder layers (needs ckpt)
     rmpad      model.use_remove_padding=True (packed rows, attention per sequence)
+    liger      model.use_liger=True: Liger's Triton RMSNorm, SwiGLU MLP and RoPE (pip install liger-kernel; GPU)
     dyn[N]     actor.use_dynamic_bsz=True, ppo_max_token_len_per_gpu=N (default --max-tokens)
     mb[N]      ppo_micro_batch_size_per_gpu=N (default 1 for long responses, --micro for --shaping)
     pf[N]      model.activation_offload.prefetch_layers=N (default: the config's, 2)
@@ -129,6 +130,7 @@ class Scheme:
     tile: int = 0
     layer: int = 0
     rmpad: bool = False
+    liger: bool = False
     dyn: int = 0
     micro: int = 0
     sp: int = 1
@@ -139,7 +141,7 @@ class Scheme:
 def parse_scheme(name: str, a) -> Scheme:
     s = Scheme(name, micro=a.micro if a.shaping else 1)
     for p in name.split("_"):
-        if p in ("critic", "ckpt", "offload", "fused", "rmpad"):
+        if p in ("critic", "ckpt", "offload", "fused", "rmpad", "liger"):
             setattr(s, p, True)
         elif p == "plain":
             pass
@@ -160,7 +162,7 @@ def parse_scheme(name: str, a) -> Scheme:
             s.prefetch = int(p[2:])
         else:
             raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] layer[N] rmpad "
-                             f"dyn[N] pf[N] mb[N] sp[N] growpool critic plain)")
+                             f"dyn[N] pf[N] mb[N] sp[N] liger growpool critic plain)")
     if s.critic and s.fused:
         raise ValueError(f"scheme {name!r}: the critic has a value head; `fused` (the chunked log-prob head) "
                          f"does not apply")
@@ -187,7 +189,7 @@ def overrides(s: Scheme, a, model_path: str, rows: int) -> tuple[list[str], list
                  f"{role}.use_kl_loss=False"]
     own = {f"{model}.enable_gradient_checkpointing": s.ckpt, f"{model}.enable_activation_offload": s.offload,
            f"{model}.tile_mlp_tokens": s.tile, f"{model}.tile_layer_tokens": s.layer,
-           f"{model}.use_remove_padding": s.rmpad,
+           f"{model}.use_remove_padding": s.rmpad, f"{model}.use_liger": s.liger,
            f"{role}.use_dynamic_bsz": bool(s.dyn), f"{role}.ppo_max_token_len_per_gpu": s.dyn or a.max_tokens,
            f"{role}.ppo_micro_batch_size_per_gpu": s.micro, f"{role}.ulysses_sequence_parallel_size": s.sp}
     if not s.critic:

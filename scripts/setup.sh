@@ -39,7 +39,7 @@ case "$VLLM_MODE" in
         "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
         ;;
     gpu)
-        pip_install -e "$ROOT[test,vllm]"
+        pip_install -e "$ROOT[test,vllm,kernels]"
         ;;
     none)
         if [[ "$DEFAULT_VLLM" == cpu ]]; then pip_install "torch==2.13.0"; fi

@@ -445,3 +445,14 @@ def test_apply_kl_penalty_unknown_type():
     scores, old, ref, m = _kl_batch()
     with pytest.raises(ValueError, match=r"algorithm\.kl_penalty"):
         ca.apply_kl_penalty(scores, old, ref, m, ca.FixedKLController(0.1), "bogus")
+
+
+def test_log_probs_of_no_token_stay_in_the_graph():
+    """A rank whose micro-batch (or Ulysses slice) scores no token still runs backward through the model: its empty
+    log-probs and entropy are functions of the logits, not detached zeros."""
+    logits = torch.randn(0, 7, requires_grad=True)
+    lp = ca.logprobs_from_logits(logits, torch.zeros(0, dtype=torch.long))
+    ent = ca.entropy_from_logits(logits)
+    assert lp.shape == ent.shape == (0,) and lp.requires_grad and ent.requires_grad
+    (lp.sum() + ent.sum()).backward()
+    assert logits.grad is not None and logits.grad.shape == (0, 7)

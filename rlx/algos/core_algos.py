@@ -424,9 +424,9 @@ def _rowwise(fn, logits: torch.Tensor, *extra: torch.Tensor, chunk: int = _LOGIT
     flat = logits.reshape(-1, logits.shape[-1])
     flat_extra = [e.reshape(-1) for e in extra]
     n = flat.shape[0]
-    if n == 0:
-        return torch.zeros(lead, dtype=torch.float32 if flat.dtype in (torch.float16, torch.bfloat16) else flat.dtype,
-                           device=logits.device)
+    if n == 0:  # still a function of `logits`: a rank with no token (a Ulysses slice) joins the backward
+        return flat.sum(-1).to(torch.float32 if flat.dtype in (torch.float16, torch.bfloat16) else flat.dtype) \
+            .reshape(lead)
     outs = []
     for s in range(0, n, chunk):
         rows = flat[s:s + chunk]

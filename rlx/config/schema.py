@@ -102,7 +102,10 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     """Free gathered parameters after forward (ZeRO-3); False keeps them until backward (ZeRO-2)."""
     fsdp_size: int = -1
-    """verl key: FSDP group size (-1: all ranks). Hybrid sharding is not supported yet."""
+    """Ranks that shard one copy of the model (verl's FSDP group size). -1 (or any size >= the world size, as in
+    verl): shard over all ranks. N that divides the world: hybrid sharding (HSDP), world/N replicas of N
+    consecutive ranks; parameters sharded inside a replica, gradients averaged over all ranks, so training is
+    the same as with -1, with more memory per rank and less traffic between replicas (e.g. N = GPUs per node)."""
     forward_prefetch: bool = False
     """Prefetch the next layer's all-gather during forward (FSDP1's forward_prefetch; FSDP2: each decoder layer
     prefetches the next one)."""
@@ -114,6 +117,13 @@ class FSDPConfig:
     mixed_precision: dict = field(default_factory=dict)
     """FSDP compute dtypes {param_dtype, reduce_dtype, buffer_dtype}: fp32 | bf16 | fp16. Keys left unset get
     verl's defaults on cuda (param bf16, reduce fp32, buffer fp32) and fp32 on cpu."""
+    use_orig_params: bool = False
+    """verl key: FSDP1's flat-parameter bookkeeping. rlx's FSDP1 always keeps the original parameters (True): the
+    same AdamW update of the same gradients as the flat view (False), up to floating-point summation order; see
+    NO_OP_BY_DESIGN."""
+    strategy: str = "fsdp"
+    """verl key: fsdp | fsdp2 | fsdp_turbo. verl overwrites it with the role's own `strategy` (actor.strategy,
+    ref.strategy, critic.strategy), which is what chooses FSDP1 or FSDP2, there and in rlx."""
 
 
 @dataclass
@@ -183,7 +193,9 @@ class ModelConfig:
     the rank, alpha and target modules are the adapter's own (a lora_rank > 0 or lora_alpha that disagrees with the
     file is an error). null: new adapters (lora_B zero)."""
     use_liger: bool = False
-    """verl key (not supported yet)."""
+    """Liger's Triton kernels (the liger-kernel package) for the RMSNorms, the SwiGLU MLP and the rotary embedding of
+    the policy (actor and ref); its cross-entropy stays off (rlx's head computes the log-probs). GPU only (refused
+    with trainer.device=cpu). See docs/kernels.md."""
     use_fused_kernels: bool = True
     """Fused log-prob head for the actor and the ref: hidden states -> output projection -> temperature ->
     log-prob (and entropy) in chunks of tokens, recomputed chunk by chunk in backward, never holding
@@ -265,6 +277,9 @@ class ActorConfig:
     """token-mean | seq-mean-token-sum | seq-mean-token-mean."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient."""
+    use_prefix_grouper: bool = False
+    """verl key, refused (only False): verl's PrefixGrouper forwards the prompt shared by a group's n responses
+    once; see NOT_SUPPORTED_REASONS."""
     use_kl_loss: bool = False
     """Add a KL(actor || ref) loss term (GRPO style)."""
     kl_loss_coef: float = 0.001
@@ -470,6 +485,10 @@ class ActorRolloutRefConfig:
     """Reference policy (KL)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Generation."""
+    nccl_timeout: int = 600
+    """Seconds a collective of the actor/rollout/ref workers' process group (NCCL on GPU, gloo on CPU) waits for
+    the other ranks before it fails the run (verl's: the timeout of init_process_group). The critic's group uses
+    600, as verl's FSDP critic does."""
 
 
 @dataclass
@@ -498,6 +517,9 @@ class CriticModelConfig:
     tile_layer_tokens: int = 0
     """Run the token-local parts of each decoder layer in tiles of this many tokens (0: off; needs
     enable_gradient_checkpointing=True); see actor_rollout_ref.model."""
+    use_liger: bool = False
+    """Liger's Triton kernels for the critic's RMSNorms, SwiGLU MLP and rotary embedding (GPU only); see
+    actor_rollout_ref.model.use_liger."""
     use_shm: bool = False
     """Copy the critic's model directory to shared memory (/dev/shm) once and load it from there (see
     actor_rollout_ref.model.use_shm)."""
@@ -867,14 +889,12 @@ NOT_SUPPORTED: dict[str, Any] = {
     "data.validation_shuffle": False,
     "data.image_key": "images",
     "data.video_key": "videos",
-    "actor_rollout_ref.model.use_liger": False,
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
-    "actor_rollout_ref.actor.fsdp_config.fsdp_size": -1,
+    "actor_rollout_ref.actor.use_prefix_grouper": False,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.actor.optim.total_training_steps": -1,
     "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
     "actor_rollout_ref.hybrid_engine": True,
-    "actor_rollout_ref.ref.fsdp_config.fsdp_size": -1,
     "actor_rollout_ref.ref.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": False,  # the ref has no optimizer
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": False,
@@ -886,7 +906,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": None,
     "critic.model.lora_rank": 0,
     "critic.model.lora_adapter_path": None,
-    "critic.model.fsdp_config.fsdp_size": -1,
     "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "critic.optim.total_training_steps": -1,
     "reward_model.launch_reward_fn_async": False,
@@ -909,6 +928,17 @@ NOT_SUPPORTED: dict[str, Any] = {
 NOT_SUPPORTED.update(profiler.NOT_SUPPORTED)  # the torch profiler's schedule, vLLM's engine-side trace
 
 
+# Why some NOT_SUPPORTED keys are refused (the validation error says it).
+NOT_SUPPORTED_REASONS: dict[str, str] = {
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend":
+        "rlx's fused log-prob head is torch code in chunks of tokens (fused_kernel_options.chunk_size); a Triton "
+        "kernel would have to beat it, which has not been measured, so only torch is offered",
+    "actor_rollout_ref.actor.use_prefix_grouper":
+        "verl's PrefixGrouper runs the prompt shared by a group's n responses once (a shared-prefix attention "
+        "patch plus group-level batch balancing); rlx forwards each response with its own copy of the prompt, "
+        "which computes the same log-probs, only with more compute",
+}
+
 # verl's deprecated global batch-size keys: refused unless null, pointing at the per-GPU key that replaces them.
 DEPRECATED: dict[str, str] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
@@ -926,6 +956,13 @@ FOLLOWS: dict[str, str] = {
     "actor_rollout_ref.rollout.response_length": "data.max_response_length",
 }
 
+_ORIG_PARAMS = ("FSDP1 bookkeeping only: rlx's FSDP1 always exposes the original parameters (use_orig_params=True, "
+                "which LoRA's frozen and trained weights in one unit need); the flat-parameter view applies the same "
+                "elementwise AdamW update to the same gradients (equal up to floating-point summation order, as "
+                "FSDP1 and FSDP2 are); FSDP2 has no flat parameters (verl ignores it there)")
+_ENGINE_STRATEGY = ("inert in verl too: its FSDP actor/critic config overwrites fsdp_config.strategy with the role's "
+                    "strategy key, which picks FSDP1 or FSDP2 in rlx as in verl")
+
 # verl keys that are accepted with any value and do nothing in rlx, each with the reason it is honest to accept
 # them. Keep this short: a key that changes what verl computes is implemented or refused, never listed here.
 NO_OP_BY_DESIGN: dict[str, str] = {
@@ -939,6 +976,12 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     **{f"reward_model.rollout.{k}": "a knob of the engine serving the reward model in verl (batching, memory, "
                                     "kernels); rlx's FSDP worker computes the same scores without it"
        for k in ENGINE_ONLY},
+    "actor_rollout_ref.actor.fsdp_config.use_orig_params": _ORIG_PARAMS,
+    "actor_rollout_ref.actor.fsdp_config.strategy": _ENGINE_STRATEGY,
+    "actor_rollout_ref.ref.fsdp_config.use_orig_params": _ORIG_PARAMS,
+    "actor_rollout_ref.ref.fsdp_config.strategy": _ENGINE_STRATEGY,
+    "critic.model.fsdp_config.use_orig_params": _ORIG_PARAMS,
+    "critic.model.fsdp_config.strategy": _ENGINE_STRATEGY,
     "data.dataloader_num_workers": "loader speed only: rlx tokenizes every prompt once, up front, in the driver",
     "data.filter_overlong_prompts_workers": "speed only: the filter runs in the driver and drops the same prompts",
     "actor_rollout_ref.rollout.agent.num_workers": "speed only: verl's count of agent-loop processes; rlx runs every "

@@ -11,9 +11,10 @@ import os
 
 from rlx.algos.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
 from rlx.config.profiler import TORCH_CONTENTS
-from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, RLXConfig
+from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, NOT_SUPPORTED_REASONS, RLXConfig
 
 STRATEGIES = ("fsdp", "fsdp2")
+VERL_ENGINE_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")  # the values verl's FSDP engine config accepts
 ROLLOUT_NAMES = ("auto", "vllm", "hf")  # sglang: refused by name (_check_agent)
 TRUNCATIONS = ("error", "left", "right", "middle")
 LOGGERS = ("console", "file", "tensorboard", "wandb")
@@ -75,14 +76,21 @@ SP_ROLES = (("actor_rollout_ref.actor", "actor_rollout_ref.model"),
             ("actor_rollout_ref.ref", "actor_rollout_ref.model"), ("critic", "critic.model"))
 
 
-def _sp_roles(cfg):
-    """(sp key, sp, model key prefix, model config) of each role that is built with sp > 1."""
+def _built_roles(cfg):
+    """(role key, model key prefix) of each role the job builds: the actor, the ref with a KL term, the critic
+    with GAE."""
     ref_built = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     for role, model_prefix in SP_ROLES:
         if role == "actor_rollout_ref.ref" and not ref_built:
             continue
         if role == "critic" and cfg.algorithm.adv_estimator != "gae":
             continue
+        yield role, model_prefix
+
+
+def _sp_roles(cfg):
+    """(sp key, sp, model key prefix, model config) of each role that is built with sp > 1."""
+    for role, model_prefix in _built_roles(cfg):
         yield f"{role}.ulysses_sequence_parallel_size", _get(cfg, f"{role}.ulysses_sequence_parallel_size"), \
             model_prefix, _get(cfg, model_prefix)
 
@@ -113,6 +121,43 @@ def _check_sequence_parallel(cfg, errors):
             errors.append(problem)
 
 
+def _check_timeout(cfg, errors):
+    t = cfg.actor_rollout_ref.nccl_timeout
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
+        errors.append(f"actor_rollout_ref.nccl_timeout={t!r} must be a positive number of seconds (verl's default: "
+                      f"600). Fix: actor_rollout_ref.nccl_timeout=600.")
+
+
+def _check_kernels(cfg, errors):
+    """Liger's Triton kernels need a GPU and the liger-kernel package."""
+    for role, prefix in _built_roles(cfg):
+        if role == "actor_rollout_ref.ref":
+            continue  # the policy's model key: said once for the actor
+        key = f"{prefix}.use_liger"
+        if not _get(cfg, key):
+            continue
+        if cfg.trainer.device == "cpu":
+            errors.append(f"{key}=True runs Liger's Triton kernels, which need a GPU, but trainer.device=cpu. "
+                          f"Fix: {key}=False, or trainer.device=cuda.")
+        elif importlib.util.find_spec("liger_kernel") is None:
+            errors.append(f"{key}=True needs the liger-kernel package. Fix: pip install liger-kernel, or {key}=False.")
+
+
+def _check_fsdp_size(cfg, errors):
+    """Hybrid sharding: `fsdp_size` ranks per replica must split the world evenly (verl's meaning; -1 or a size of
+    at least the world shards over all ranks)."""
+    ws = world_size(cfg)
+    for role, _ in _built_roles(cfg):
+        key = f"{role}.fsdp_config.fsdp_size" if role != "critic" else "critic.model.fsdp_config.fsdp_size"
+        n = _get(cfg, key)
+        if not isinstance(n, int) or isinstance(n, bool):
+            errors.append(f"{key}={n!r} must be an integer: -1 (shard over all ranks) or a divisor of the world size.")
+        elif n == 0 or (0 < n < ws and ws % n):
+            errors.append(f"{key}={n} must divide the world size {ws} (trainer.nnodes * trainer.n_gpus_per_node): "
+                          f"the ranks split into replicas of {key} ranks that each shard the model (hybrid sharding). "
+                          f"Fix: {key} among the divisors of {ws} (e.g. trainer.n_gpus_per_node), or {key}=-1.")
+
+
 def sp_heads_problem(key: str, sp: int, heads: int, kv_heads: int | None, where: str) -> str | None:
     """Why `sp` cannot split a model's attention (`where`: which model), or None: sp must divide the attention
     heads, and the KV heads split over the ranks or repeat evenly into them. Checked from config.json before Ray
@@ -132,7 +177,8 @@ def _check_not_supported(cfg, errors):
     for key, default in NOT_SUPPORTED.items():
         value = _get(cfg, key)
         if value != default:
-            errors.append(f"{key}={value!r} is not supported yet by rlx; remove it (or set {key}={default}).")
+            why = f" ({NOT_SUPPORTED_REASONS[key]})" if key in NOT_SUPPORTED_REASONS else ""
+            errors.append(f"{key}={value!r} is not supported yet by rlx{why}; remove it (or set {key}={default}).")
     for key, replacement in DEPRECATED.items():
         if _get(cfg, key) is not None:
             errors.append(f"{key} is deprecated in verl and not supported by rlx; set {replacement} instead.")
@@ -174,6 +220,11 @@ def _check_strategies(cfg, errors):
     for strategy_key, prefix in (("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.fsdp_config"),
                                  ("actor_rollout_ref.ref.strategy", "actor_rollout_ref.ref.fsdp_config"),
                                  ("critic.strategy", "critic.model.fsdp_config")):
+        engine_strategy = _get(cfg, f"{prefix}.strategy")  # verl replaces it by the role's strategy: only checked
+        if engine_strategy not in VERL_ENGINE_STRATEGIES:
+            errors.append(f"{prefix}.strategy={engine_strategy!r} is not one of verl's {list(VERL_ENGINE_STRATEGIES)} "
+                          f"(verl overwrites it with {strategy_key}, which picks FSDP1 or FSDP2). Fix: drop it, or "
+                          f"set {strategy_key}.")
         if _get(cfg, strategy_key) == "fsdp" and _get(cfg, f"{prefix}.offload_policy"):
             errors.append(f"{prefix}.offload_policy=True is FSDP2's CPUOffloadPolicy, but {strategy_key}=fsdp. Fix: "
                           f"{strategy_key}=fsdp2, or {prefix}.param_offload=True (both strategies) instead.")
@@ -769,6 +820,9 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_batch_sizes(cfg, errors)
     _check_long_sequences(cfg, errors)
     _check_sequence_parallel(cfg, errors)
+    _check_fsdp_size(cfg, errors)
+    _check_timeout(cfg, errors)
+    _check_kernels(cfg, errors)
     _check_lora(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_rollout(cfg, errors)

@@ -20,6 +20,10 @@ from rlx.engine.packing import micro_batches, restore_order, token_inputs
 
 log = logging.getLogger("rlx")
 
+FSDP_KEYS = {"actor": "actor_rollout_ref.actor.fsdp_config", "ref": "actor_rollout_ref.ref.fsdp_config",
+             "critic": "critic.model.fsdp_config"}  # each role's fsdp_config, as errors name it
+MODEL_KEYS = {"actor": "actor_rollout_ref.model", "ref": "actor_rollout_ref.model", "critic": "critic.model"}
+
 
 class FSDPEngine:
     """An FSDP-wrapped HF model with (optionally) an optimizer, activation offload and CPU offload.
@@ -61,6 +65,10 @@ class FSDPEngine:
                                  trust_remote_code=model_cfg.trust_remote_code,
                                  external_lib=model_cfg.external_lib, attn_implementation=attn)
         self.num_layers = model.config.num_hidden_layers
+        # Liger's kernels first: LoRA, the tiled MLP and layers, the offload then call its module forwards
+        from rlx.engine.liger import apply_liger
+
+        self.liger = apply_liger(model, model_cfg.use_liger, device, f"{MODEL_KEYS[role]}.use_liger")
         self.lora = None  # LoRA (peft) on the plain HF model, first: the head, tiling and FSDP see its modules
         from rlx.engine.lora import lora_enabled
 
@@ -100,7 +108,7 @@ class FSDPEngine:
                 warnings.filterwarnings("ignore", message=".*has both parameters with requires_grad=True and False")
                 log.info("[%s] LoRA with strategy=fsdp: FSDP1 keeps one flat gradient per layer, frozen weights "
                          "included (full-size gradient memory); strategy=fsdp2 holds the adapters' only", role)
-            self.module = F.apply_fsdp(model, strategy, fsdp_cfg, device)
+            self.module = F.apply_fsdp(model, strategy, fsdp_cfg, device, key=FSDP_KEYS[role])
         self.offloader, self._offload_reported = None, False
         if offload:
             # The offload module owns checkpointing when both are on (one saved-tensors hook at a time).

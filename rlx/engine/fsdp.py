@@ -17,8 +17,12 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
 
 
 def init_distributed(device: str, rank: int | None = None, world_size: int | None = None,
-                     master_addr: str | None = None, master_port: int | None = None) -> torch.device:
-    """Join (or create) the default process group: nccl on CUDA, gloo on CPU. torchrun env vars work too."""
+                     master_addr: str | None = None, master_port: int | None = None,
+                     timeout_s: float = 600) -> torch.device:
+    """Join (or create) the default process group: nccl on CUDA, gloo on CPU. torchrun env vars work too.
+
+    `timeout_s`: how long a collective (and the rendezvous) may wait for the other ranks before it fails
+    (verl's `nccl_timeout`, 600 s by default)."""
     if master_addr is not None:
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
@@ -31,7 +35,7 @@ def init_distributed(device: str, rank: int | None = None, world_size: int | Non
         dev = torch.device("cpu")
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world_size,
-                                timeout=timedelta(minutes=30))
+                                timeout=timedelta(seconds=timeout_s))
     return dev
 
 
@@ -71,16 +75,48 @@ def build_hf_model(path: str, role: str, dtype: torch.dtype, override_config: di
     return model
 
 
+_MESHES: dict = {}  # (device type, world, fsdp_size) -> (the default group it was built on, its mesh)
+
+
+def shard_mesh(fsdp_size: int, device: torch.device, key: str = "fsdp_config.fsdp_size"):
+    """verl's `fsdp_size`: the ranks that shard one copy of the model. None (shard over the whole world) when it is
+    negative (-1) or at least the world size, as in verl; else the 2-D `(replicate, shard)` device mesh of
+    `world / fsdp_size` replicas of `fsdp_size` consecutive ranks each (hybrid sharding, HSDP): parameters are
+    sharded inside a group and replicated across groups, gradients are reduce-scattered inside a group and
+    all-reduced across groups, so every rank ends with the same averaged gradient as with one group.
+
+    Collective (it creates the mesh's process groups): every rank calls it with the same size, in the same order."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if fsdp_size < 0 or fsdp_size >= world:
+        return None
+    if fsdp_size == 0 or world % fsdp_size:
+        raise ValueError(f"{key}={fsdp_size} must divide the world size {world}: the ranks split into replicas of "
+                         f"{key} ranks each. Fix: {key} among the divisors of {world}, or {key}=-1 (shard over "
+                         f"all ranks).")
+    cache_key = (device.type, world, fsdp_size)
+    built = _MESHES.get(cache_key)
+    if built is None or built[0] is not dist.group.WORLD:  # a new default group (tests) needs new sub-groups
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
+        built = _MESHES[cache_key] = (dist.group.WORLD, mesh)
+    return built[1]
+
+
 def apply_gradient_checkpointing(model: nn.Module) -> None:
     """HF non-reentrant checkpointing of every decoder layer (call before FSDP wrapping)."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: torch.device) -> nn.Module:
+def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: torch.device,
+               key: str = "fsdp_config") -> nn.Module:
     """Shard each decoder layer and the root with FSDP1 (`fsdp`) or FSDP2 (`fsdp2`).
 
+    `fsdp_size` (see `shard_mesh`): over the whole world, or hybrid: FSDP2 over the 2-D (replicate, shard) mesh,
+    FSDP1 with HYBRID_SHARD (ZeRO-2's hybrid without reshard_after_forward) on the same mesh.
     `forward_prefetch`: FSDP1's own flag; with FSDP2 each decoder layer prefetches the next one's all-gather.
-    `offload_policy` is FSDP2's CPUOffloadPolicy only (FSDP1 offloads with `param_offload`)."""
+    `offload_policy` is FSDP2's CPUOffloadPolicy only (FSDP1 offloads with `param_offload`). `key` names the
+    role's fsdp_config in errors."""
     if strategy == "fsdp" and fsdp_cfg.offload_policy:
         raise ValueError("fsdp_config.offload_policy=True is FSDP2's CPUOffloadPolicy; with strategy=fsdp use "
                          "fsdp_config.param_offload=True, or strategy=fsdp2")
@@ -88,11 +124,14 @@ def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: to
     param_dtype = DTYPES[mp.get("param_dtype", "fp32")]
     reduce_dtype = DTYPES[mp.get("reduce_dtype", "fp32")]
     layer_classes = decoder_layer_classes(model)
+    mesh = shard_mesh(fsdp_cfg.fsdp_size, device, f"{key}.fsdp_size")
     if strategy == "fsdp2":
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         kwargs = dict(mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
                       reshard_after_forward=fsdp_cfg.reshard_after_forward)
+        if mesh is not None:
+            kwargs["mesh"] = mesh
         if fsdp_cfg.offload_policy:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
         elif device.type == "cuda":
@@ -110,13 +149,18 @@ def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: to
         from torch.distributed.fsdp import ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+        zero3 = fsdp_cfg.reshard_after_forward
+        if mesh is None:
+            sharding = ShardingStrategy.FULL_SHARD if zero3 else ShardingStrategy.SHARD_GRAD_OP
+        else:
+            sharding = ShardingStrategy.HYBRID_SHARD if zero3 else ShardingStrategy._HYBRID_SHARD_ZERO2
         return FSDP(
             model,
             auto_wrap_policy=ModuleWrapPolicy(set(layer_classes)),
             mixed_precision=MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                                            buffer_dtype=DTYPES[mp.get("buffer_dtype", "fp32")]),
-            sharding_strategy=(ShardingStrategy.FULL_SHARD if fsdp_cfg.reshard_after_forward
-                               else ShardingStrategy.SHARD_GRAD_OP),
+            sharding_strategy=sharding,
+            device_mesh=mesh,
             device_id=device,
             forward_prefetch=fsdp_cfg.forward_prefetch,
             use_orig_params=True,

@@ -109,7 +109,8 @@ class _LayerPlan:
                              f"{sorted(need)}. Set {_KEY}=0 for this model.")
         extra = {n for n, m in attn.named_children() if any(True for _ in m.parameters())} - self._ATTN_CHILDREN
         mod = sys.modules[type(attn).__module__]
-        rotary = getattr(mod, "apply_rotary_pos_emb", None)
+        # torch's rotary on [tokens, heads, d] tiles, even where Liger replaced the family's (rlx.engine.liger)
+        rotary = getattr(mod, "_rlx_torch_rotary", None) or getattr(mod, "apply_rotary_pos_emb", None)
         if extra or not self._ATTN_CHILDREN <= {n for n, _ in attn.named_children()} or rotary is None:
             raise ValueError(f"{what}: its attention ({type(attn).__name__}) is not the q/k/v/o projections + "
                              f"rotary of Qwen2/Llama (extra: {sorted(extra)}). Set {_KEY}=0 for this model.")

@@ -24,6 +24,8 @@ class ActorRolloutRefWorker(Worker):
         if arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward:  # a ref phase runs
             roles["ref"] = arr.ref.profiler
         return roles
+    def process_group_timeout_s(self) -> float:
+        return self.cfg.actor_rollout_ref.nccl_timeout
 
     def init_model(self, total_steps: int, rollout_name: str) -> None:
         from rlx.engine.actor import ActorEngine

@@ -52,13 +52,19 @@ class Worker:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
+    def process_group_timeout_s(self) -> float:
+        """How long a collective of this role's process group may wait for the other ranks: verl's FSDP critic
+        (and any role without an `nccl_timeout` key) uses 600 s; the actor worker overrides it."""
+        return 600
+
     def init_distributed(self, master_addr: str, master_port: int) -> None:
         from rlx.engine.fsdp import init_distributed
 
         if self.cfg.trainer.device == "cuda":
             # the engine picks cuda:LOCAL_RANK: make that the GPU of this worker's bundle
             os.environ["LOCAL_RANK"] = str(ray_local_gpu_index())
-        self.device = init_distributed(self.cfg.trainer.device, self.rank, self.world_size, master_addr, master_port)
+        self.device = init_distributed(self.cfg.trainer.device, self.rank, self.world_size, master_addr, master_port,
+                                       timeout_s=self.process_group_timeout_s())
         torch.manual_seed(self.cfg.trainer.seed)
         # before the model: torch_memory records the allocator's history from here on
         self.profiler = WorkerProfiler(self.NAME, self.profiler_roles(), self.cfg.global_profiler, self.rank,

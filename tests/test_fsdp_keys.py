@@ -1,0 +1,57 @@
+"""verl's process-group and FSDP keys that rlx takes: `actor_rollout_ref.nccl_timeout` (the actor workers' process
+group timeout, a real gloo group here), `fsdp_config.strategy` (verl replaces it by the role's strategy: only its
+value is checked), `fsdp_config.use_orig_params` (FSDP1 bookkeeping, listed in NO_OP_BY_DESIGN)."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from conftest import free_port, load_config
+
+TIMEOUT_S = 3
+
+
+def _late_collective(rank: int, port: int, out: str) -> None:
+    """The actor worker joins its group; rank 1 never enters the all-reduce rank 0 waits in."""
+    from rlx.workers.actor_worker import ActorRolloutRefWorker
+
+    cfg = load_config(["trainer.device=cpu", f"actor_rollout_ref.nccl_timeout={TIMEOUT_S}"], validate=False)
+    worker = ActorRolloutRefWorker(cfg, rank, 2)
+    worker.init_distributed("127.0.0.1", port)
+    if rank == 1:
+        time.sleep(4 * TIMEOUT_S)  # long enough for rank 0 to give up; then leave without joining
+        os._exit(0)
+    start = time.perf_counter()
+    try:
+        torch.distributed.all_reduce(torch.ones(1))
+        result = "returned"
+    except Exception as e:  # noqa: BLE001 - gloo's timeout error type varies across torch versions
+        result = f"raised {type(e).__name__}"
+    with open(out, "w") as f:
+        f.write(f"{result} {time.perf_counter() - start:.1f}")
+    os._exit(0)
+
+
+def test_nccl_timeout_is_the_actor_groups_timeout(tmp_path):
+    """nccl_timeout=3: a collective that one rank never joins fails after about 3 s (the default would wait 600)."""
+    out = str(tmp_path / "result")
+    torch.multiprocessing.spawn(_late_collective, args=(free_port(), out), nprocs=2, join=True)
+    result, seconds = open(out).read().rsplit(" ", 1)
+    assert result.startswith("raised"), result
+    assert TIMEOUT_S - 0.5 <= float(seconds) < 3 * TIMEOUT_S, seconds
+
+
+def test_nccl_timeout_and_engine_strategy_are_checked():
+    with pytest.raises(ValueError) as e:
+        load_config(["trainer.device=cpu", "actor_rollout_ref.nccl_timeout=0",
+                     "actor_rollout_ref.actor.fsdp_config.strategy=megatron"])
+    msg = str(e.value)
+    assert "actor_rollout_ref.nccl_timeout=0 must be a positive number of seconds" in msg, msg
+    assert "actor_rollout_ref.actor.fsdp_config.strategy='megatron' is not one of verl's" in msg, msg
+    # verl's values are accepted whatever the role's strategy (verl overwrites this one with it)
+    cfg = load_config(["trainer.device=cpu", "actor_rollout_ref.actor.fsdp_config.strategy=fsdp2",
+                       "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.fsdp_config.use_orig_params=True"])
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp"
