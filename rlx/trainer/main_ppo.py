@@ -38,6 +38,8 @@ class CliArgs:
     """--package/-p KEY: with --cfg, print only that node."""
     help: bool = False
     """--help/-h."""
+    check: bool = False
+    """--check: compose, validate and run the preflight, print what would run, exit 0 (or 2) without starting Ray."""
 
 
 class UsageError(ValueError):
@@ -46,7 +48,7 @@ class UsageError(ValueError):
 
 _VALUE_FLAGS = {"--config-path": "config_dir", "-cp": "config_dir", "--config-name": "config_name",
                 "-cn": "config_name", "--cfg": "cfg", "-c": "cfg", "--package": "package", "-p": "package"}
-_SWITCHES = {"--help": "help", "-h": "help", "--resolve": "resolve", "--run": None, "-r": None}
+_SWITCHES = {"--help": "help", "-h": "help", "--resolve": "resolve", "--check": "check", "--run": None, "-r": None}
 _HYDRA_ONLY = ("--multirun", "-m", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--config-dir",
                "-cd", "--experimental-rerun", "--version")
 CFG_CHOICES = ("job", "hydra", "all")
@@ -75,6 +77,8 @@ def parse_argv(argv: list[str]) -> CliArgs:
             raise UsageError(f"{name} is a Hydra flag rlx does not implement (rlx runs one job per command)")
         else:
             raise UsageError(f"unknown option {arg!r}")
+    if args.check and args.cfg is not None:
+        raise UsageError("--check and --cfg are two answers; give one")
     if args.cfg is not None and args.cfg not in CFG_CHOICES:
         raise UsageError(f"--cfg {args.cfg!r}: choose one of {list(CFG_CHOICES)}")
     if args.config_dir is not None:
@@ -91,7 +95,7 @@ def usage() -> str:
     from rlx.config.loader import CONFIG_DIR
     from rlx.config.schema import RLXConfig
 
-    lines = ["usage: python -m rlx.trainer.main_ppo [--config-path DIR] [--config-name NAME] [key=value ...]",
+    lines = ["usage: python -m rlx.trainer.main_ppo [--config-path DIR] [--config-name NAME] [--check] [key=value ...]",
              "       python -m rlx.trainer.main_ppo --cfg job|hydra|all [--resolve] [--package KEY] [key=value ...]",
              "",
              "Train an LLM with PPO / GRPO / RLOO (verl's key names: paste a verl command line, swap the model path).",
@@ -123,6 +127,9 @@ def usage() -> str:
               "  --config-path, -cp DIR     directory of your own YAML config (default: rlx's)",
               "  --config-name, -cn NAME    the config to compose, without .yaml (default: ppo_trainer, verl's",
               "                             defaults; quickstart: rlx's tiny GRPO job, what `make run` runs)",
+              "  --check                    compose, validate and run the preflight (models, data, reward, checkpoints),",
+              "                             print what would run (roles, world size, engines, offload), exit 0, or 2",
+              "                             with every error; Ray is not started",
               "  --help, -h                 this help"]
     return "\n".join(lines)
 
@@ -358,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     except PreflightError as e:
         print(f"rlx: {e}{_base_config_hint(args)}", file=sys.stderr)
         return 2
+    if args.check:
+        from rlx.trainer.check import describe
+
+        print(describe(cfg, inputs), flush=True)
+        return 0
     try:
         run(cfg, inputs)
     except (TrainingStopped, DamagedCheckpointError) as e:
