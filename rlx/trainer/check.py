@@ -22,6 +22,11 @@ def _micro(dynamic: bool, rows, tokens) -> str:
     return f"dynamic, {tokens} tokens per GPU" if dynamic else f"{rows} per GPU"
 
 
+def _log_prob_micro(role) -> str:
+    return _micro(role.log_prob_use_dynamic_bsz, role.log_prob_micro_batch_size_per_gpu,
+                  role.log_prob_max_token_len_per_gpu)
+
+
 def _offload(fsdp_cfg) -> str:
     parts = [name for name, on in (("params", fsdp_cfg.param_offload), ("optimizer", fsdp_cfg.optimizer_offload),
                                    ("CPUOffloadPolicy", fsdp_cfg.offload_policy)) if on]
@@ -78,12 +83,10 @@ def describe(cfg: RLXConfig, inputs: DriverInputs | None = None) -> str:
                  f"{_micro(actor.use_dynamic_bsz, actor.ppo_micro_batch_size_per_gpu, actor.ppo_max_token_len_per_gpu)}"
                  f", offload {_offload(actor.fsdp_config)}, lr {actor.optim.lr}")
     row("rollout", f"{rollout_engine(cfg)}, tp {rollout.tensor_model_parallel_size}, log-prob micro-batch "
-                   f"{_micro(rollout.log_prob_use_dynamic_bsz, rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_max_token_len_per_gpu)}"
-                   f", temperature {rollout.temperature}")
+                   f"{_log_prob_micro(rollout)}, temperature {rollout.temperature}")
     if use_ref:
         row("ref", f"{ref.strategy}, sp {ref.ulysses_sequence_parallel_size}, log-prob micro-batch "
-                   f"{_micro(ref.log_prob_use_dynamic_bsz, ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_max_token_len_per_gpu)}"
-                   f", offload {_offload(ref.fsdp_config)}")
+                   f"{_log_prob_micro(ref)}, offload {_offload(ref.fsdp_config)}")
     if use_critic:
         c = cfg.critic
         row("critic", f"{c.strategy}, sp {c.ulysses_sequence_parallel_size}, {c.model.path}, micro-batch "

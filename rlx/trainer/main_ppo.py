@@ -26,10 +26,11 @@ class CliArgs:
     """What a command line asks for: Hydra's flags (the subset rlx implements) and the key=value overrides."""
     overrides: list[str] = field(default_factory=list)
     config_dir: str | None = None
-    """--config-path/-cp: a directory with the user's own YAML."""
+    """--config-path/-cp: a directory with the user's own YAML (relative: to rlx/trainer/ as in Hydra, then to the
+    working directory; rlx.config.config_path)."""
     config_name: str = "ppo_trainer"
-    """--config-name/-cn: the YAML file (without .yaml) to compose: ppo_trainer (verl's defaults) or quickstart
-    (rlx's small default job, what `make run` runs)."""
+    """--config-name/-cn: the YAML file (.yaml optional) to compose: ppo_trainer (verl's defaults), quickstart
+    (rlx's small default job, what `make run` runs) or the user's, whose `defaults` may name ppo_trainer."""
     cfg: str | None = None
     """--cfg/-c job|hydra|all: print the composed config and exit, as a Hydra app does."""
     resolve: bool = False
@@ -81,8 +82,6 @@ def parse_argv(argv: list[str]) -> CliArgs:
         raise UsageError("--check and --cfg are two answers; give one")
     if args.cfg is not None and args.cfg not in CFG_CHOICES:
         raise UsageError(f"--cfg {args.cfg!r}: choose one of {list(CFG_CHOICES)}")
-    if args.config_dir is not None:
-        args.config_dir = os.path.abspath(args.config_dir)
     return args
 
 
@@ -124,12 +123,14 @@ def usage() -> str:
               "                             own settings; all: both)",
               "  --resolve                  with --cfg: resolve ${...} interpolations",
               "  --package, -p KEY          with --cfg: print only that node (e.g. -p actor_rollout_ref.rollout)",
-              "  --config-path, -cp DIR     directory of your own YAML config (default: rlx's)",
-              "  --config-name, -cn NAME    the config to compose, without .yaml (default: ppo_trainer, verl's",
+              "  --config-path, -cp DIR     directory of your own YAML config (default: rlx's); its `defaults` may",
+              "                             name ppo_trainer (rlx's). Relative: to rlx/trainer/ (Hydra's rule), then",
+              "                             to the working directory",
+              "  --config-name, -cn NAME    the config to compose, .yaml optional (default: ppo_trainer, verl's",
               "                             defaults; quickstart: rlx's tiny GRPO job, what `make run` runs)",
-              "  --check                    compose, validate and run the preflight (models, data, reward, checkpoints),",
-              "                             print what would run (roles, world size, engines, offload), exit 0, or 2",
-              "                             with every error; Ray is not started",
+              "  --check                    compose, validate and run the preflight (models, data, reward,",
+              "                             checkpoints), print what would run (roles, world size, engines,",
+              "                             offload), exit 0, or 2 with every error; Ray is not started",
               "  --help, -h                 this help"]
     return "\n".join(lines)
 
@@ -347,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             except BrokenPipeError:  # `--cfg job | head`: the reader left; not an error
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-        cfg = load_config(args.overrides, args.config_dir, args.config_name)
+        notes: list[str] = []
+        cfg = load_config(args.overrides, args.config_dir, args.config_name, notes=notes)
     except OverrideParseError as e:
         print(f"rlx: {e}", file=sys.stderr)
         return 2
@@ -358,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlx.trainer.ppo_trainer import TrainingStopped
     from rlx.trainer.preflight import PreflightError, preflight
 
-    for note in unused_section_notes(args.overrides, cfg):  # said once, before Ray starts
+    for note in notes + unused_section_notes(args.overrides, cfg):  # said once, before Ray starts
         print(note, file=sys.stderr, flush=True)
     try:
         inputs = preflight(cfg)
