@@ -292,16 +292,23 @@ def read_commands(path: str, modules: tuple[str, ...] = (), env: dict[str, str] 
     commands: list[Command] = []
     active = [True]  # the if-branch stack: is the current branch followed
     taken = [True]   # has a branch of the current if been followed
-    pending = ""  # an array assignment `NAME=(` still open over several lines
-    for lineno, raw in _logical_lines(text):
+    queue = list(reversed(_logical_lines(text)))  # popped from the end
+    while queue:
+        lineno, raw = queue.pop()
         line = _strip_comment(raw).strip()
         if not line:
             continue
-        if pending or re.match(r"^(?:export\s+|declare\s+(?:-\w+\s+)*)?[A-Za-z_]\w*\+?=\(", line):
-            pending = f"{pending} {line}" if pending else line
-            if _open_parens(pending) > 0:
-                continue
-            line, pending = pending, ""
+        # an array assignment `NAME=(` or a quoted string left open: bash reads on (a newline inside quotes stays);
+        # if it never closes (a stray quote in a here-document), the line is taken alone
+        if re.match(r"^(?:export\s+|declare\s+(?:-\w+\s+)*)?[A-Za-z_]\w*\+?=\(", line) or _open_quote(line):
+            joined, taken = line, []
+            while (_open_parens(joined) > 0 or _open_quote(joined)) and queue and len(taken) < 200:
+                taken.append(queue.pop())
+                joined += "\n" + _strip_comment(taken[-1][1]).strip()
+            if _open_parens(joined) > 0 or _open_quote(joined):
+                queue.extend(reversed(taken))
+            else:
+                line = joined
         for part in _split_statements(line):
             part = part.strip()
             head = part.split()[0] if part.split() else ""
@@ -349,6 +356,21 @@ def read_commands(path: str, modules: tuple[str, ...] = (), env: dict[str, str] 
                     cmd.unresolved = list(dict.fromkeys(ex.unresolved[before:]))
                     commands.append(cmd)
     return commands
+
+
+def _open_quote(text: str) -> bool:
+    """A quote opened and not closed (single quotes take everything literally until the next one)."""
+    quote, escaped = None, False
+    for c in text:
+        if escaped:
+            escaped = False
+        elif c == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+    return quote is not None
 
 
 def _open_parens(text: str) -> int:

@@ -14,7 +14,10 @@ Each command is read without running the script (scripts/shell_commands.py: cont
 defaults, arithmetic), then only the machine-bound values are swapped:
 - model paths (actor, critic, tokenizers, reward model) -> builtin://tiny-qwen2, its context raised to the script's
   prompt + response length (override_config.max_position_embeddings);
-- data.train_files / data.val_files -> the GSM8K parquet (data.prompt_key -> prompt);
+- data.train_files / data.val_files -> the GSM8K parquet (data.prompt_key -> prompt); for a max_prompt_length below
+  the longest prompt kept, a copy whose prompts are cut to fit;
+- the tiny model's attention heads raised to the script's largest sequence-parallel size above its 4 heads
+  (override_config.num_attention_heads: sp must divide the heads);
 - trainer.nnodes -> 1, trainer.n_gpus_per_node -> the largest divisor of the script's world size up to
   max(8, its sequence-parallel size) (so every batch-size rule of the script still divides),
   actor_rollout_ref.rollout.tensor_model_parallel_size -> 1, trainer.device -> cpu;
@@ -53,7 +56,7 @@ from shell_commands import Command, read_commands  # noqa: E402
 
 MODULE = "verl.trainer.main_ppo"
 TINY = "builtin://tiny-qwen2"
-TINY_CONTEXT = 512
+TINY_CONTEXT, TINY_HEADS, TINY_HIDDEN = 512, 4, 128
 MAX_PROMPT_BYTES = 240  # GSM8K prompts kept: the byte tokenizer makes one token per byte
 MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "critic.model.tokenizer_path", "data.tokenizer",
               "reward_model.model.path", "reward_model.model.input_tokenizer")
@@ -139,6 +142,7 @@ def world_for_check(values: dict[str, str]) -> int:
 
 
 def swap(cmd: Command, data_dir: str, work: str, roots: dict[str, str], index: int) -> list[str]:
+    """`data_dir`: the GSM8K parquet (prepare_data); copies with shorter prompts go under `work`."""
     """The command's arguments with the machine-bound values swapped (see the module docstring)."""
     args, it = [], iter(cmd.args)
     for a in it:  # `--config-path X` -> `--config-path=X`
@@ -160,18 +164,18 @@ def swap(cmd: Command, data_dir: str, work: str, roots: dict[str, str], index: i
             continue
         if key in MODEL_KEYS and value not in ("", "null", "None"):
             value = TINY
-        elif key == "data.train_files":
-            value = os.path.join(data_dir, "train.parquet")
-        elif key == "data.val_files":
-            value = os.path.join(data_dir, "test.parquet")
+        elif key in ("data.train_files", "data.val_files"):
+            split = "train" if key == "data.train_files" else "test"
+            value = os.path.join(data_fitting(data_dir, work, _int(values.get("data.max_prompt_length"), 512)),
+                                 f"{split}.parquet")
         elif key == "data.prompt_key":
             value = "prompt"
         elif key in ("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.device", "trainer.default_local_dir",
                      "actor_rollout_ref.rollout.tensor_model_parallel_size"):
             continue  # set below
         elif key == "custom_reward_function.path":
-            value = map_path(value, roots)
-        elif key.endswith("override_config.max_position_embeddings"):
+            value = map_path(value, roots, os.path.dirname(cmd.path))
+        elif key.endswith(("override_config.max_position_embeddings", "override_config.num_attention_heads")):
             continue  # set below, at least the script's value
         out.append(f"{prefix}{key}={value}")
     need = _int(values.get("data.max_prompt_length"), 512) + _int(values.get("data.max_response_length"), 512)
@@ -180,6 +184,10 @@ def swap(cmd: Command, data_dir: str, work: str, roots: dict[str, str], index: i
     context = max(need, given)
     if context > TINY_CONTEXT:
         out.append(f"actor_rollout_ref.model.override_config.max_position_embeddings={context}")
+    for model_key, sp_keys in (("actor_rollout_ref.model", SP_KEYS[:2]), ("critic.model", SP_KEYS[2:])):
+        sp = max([_int(values.get(k), 1) for k in sp_keys] + [1])
+        if sp > TINY_HEADS and TINY_HIDDEN % sp == 0:
+            out.append(f"{model_key}.override_config.num_attention_heads={sp}")
     out += ["trainer.nnodes=1", f"trainer.n_gpus_per_node={world_for_check(values)}", "trainer.device=cpu",
             f"trainer.default_local_dir={os.path.join(work, 'ckpt', str(index))}"]
     if "actor_rollout_ref.rollout.tensor_model_parallel_size" in values:
@@ -187,11 +195,14 @@ def swap(cmd: Command, data_dir: str, work: str, roots: dict[str, str], index: i
     return out
 
 
-def map_path(value: str, roots: dict[str, str]) -> str:
+def map_path(value: str, roots: dict[str, str], script_dir: str | None = None) -> str:
     """A path of the script's machine as the checkout's file: `.../examples/x` -> <examples>/x, `.../recipe/x` ->
-    <verl-recipe>/x (verl mounts verl-recipe as recipe/); unchanged when it exists or has no such part."""
+    <verl-recipe>/x (verl mounts verl-recipe as recipe/), a relative path that is the script's neighbour -> that
+    file; unchanged when it exists or has no such part."""
     if not value or os.path.exists(value):
         return value
+    if script_dir and not os.path.isabs(value) and os.path.exists(os.path.join(script_dir, value)):
+        return os.path.abspath(os.path.join(script_dir, value))
     for marker, base in (("recipe/", roots.get("recipe")), ("examples/", roots.get("examples"))):
         m = re.search(r"(?:^|/)" + re.escape(marker), value)
         if base and m:
@@ -277,6 +288,28 @@ def prepare_data(gsm8k: str, out: str) -> str:
         import pyarrow as pa
 
         pq.write_table(table.filter(pa.array(keep)), path)
+    return out
+
+
+def data_fitting(data_dir: str, work: str, max_prompt_length: int) -> str:
+    """`data_dir`, or (for a max_prompt_length below MAX_PROMPT_BYTES + a margin) a copy with each prompt cut to fit
+    (made once per length)."""
+    budget = max_prompt_length - 16  # room for the chat template's tokens
+    if budget >= MAX_PROMPT_BYTES:
+        return data_dir
+    out = os.path.join(work, f"gsm8k_prompt{max_prompt_length}")
+    if os.path.isdir(out):
+        return out
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(out)
+    for split in ("train", "test"):
+        rows = pq.read_table(os.path.join(data_dir, f"{split}.parquet")).to_pylist()
+        for row in rows:
+            for message in row["prompt"]:
+                message["content"] = message["content"].encode()[:max(budget, 1)].decode("utf-8", "ignore")
+        pq.write_table(pa.Table.from_pylist(rows), os.path.join(out, f"{split}.parquet"))
     return out
 
 

@@ -61,10 +61,27 @@ def _is_known(key: str) -> bool:
     return any(key.startswith(free + ".") for free in FREE_DICT_KEYS)
 
 
+def _missing_section(key: str) -> str | None:
+    """The first part of `key`'s path that is not a section of the schema (None when its parent is one)."""
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i])
+        if prefix not in SECTION_KEYS:
+            return prefix
+    return None
+
+
 def unknown_key_error(key: str, shown: str | None = None) -> ValueError:
     shown = shown or key
-    hint = suggest_key(key)
-    msg = f"Unknown config key '{shown}': rlx has no key '{key}'."
+    section = _missing_section(key)
+    if section is None:
+        hint = suggest_key(key)
+        msg = f"Unknown config key '{shown}': rlx has no key '{key}'."
+    else:  # a whole section rlx does not have (verl's multi_turn, rollout_correction, ...): only a near-spelling helps
+        what = "is a key (a value), not a section" if section in SCHEMA_KEYS else "is not a section rlx has"
+        msg = f"Unknown config key '{shown}': '{section}' {what}, so rlx has no key '{key}'."
+        match = difflib.get_close_matches(key, sorted(SCHEMA_KEYS - SECTION_KEYS), n=1, cutoff=0.85)
+        hint = match[0] if match else None
     if hint:
         msg += f" Did you mean '{hint}'? Fix: {hint}=<value>"
     if shown.startswith("+"):
