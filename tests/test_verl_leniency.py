@@ -152,3 +152,9 @@ def test_legacy_worker_impl_accepts_verls_values(value):
 def test_legacy_worker_impl_refuses_other_values():
     msg = refused("trainer.use_legacy_worker_impl=yes")
     assert "trainer.use_legacy_worker_impl='yes' is not valid; choose one of ['auto', 'enable', 'disable']" in msg
+
+
+def test_too_small_critic_key_says_so_even_when_its_per_gpu_key_follows_the_actor():
+    msg = refused("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size=1")  # per GPU: the actor's 8
+    assert "critic.ppo_micro_batch_size=1 is deprecated" in msg and "leaves 0 per GPU" in msg
+    assert "both set" not in msg

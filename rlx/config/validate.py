@@ -127,19 +127,24 @@ def _check_not_supported(cfg, errors):
         value = _get(cfg, key)
         if value != default:
             errors.append(f"{key}={value!r} is not supported yet by rlx; remove it (or set {key}={default}).")
-    for key, replacement in DEPRECATED.items():  # left set by rlx.config.deprecated: both set, or too small
+    for key, replacement in DEPRECATED.items():  # left set by rlx.config.deprecated: too small, or both set
         value, per_gpu = _get(cfg, key), _get(cfg, replacement)
         if value is None:
             continue
-        if per_gpu is not None:
+        sp_key = DIVIDED_BY[key][0]
+        sp, ws = _get(cfg, sp_key), world_size(cfg)
+        dp = data_parallel_size(ws, sp)
+        if dp is None:
+            errors.append(f"{key}={value} (deprecated: verl's global micro-batch) is divided by world size // "
+                          f"{sp_key} = {ws} // {sp!r}, which is not a positive data-parallel size. Fix: "
+                          f"{replacement}=<rows per GPU> instead, and a {sp_key} that divides the world size.")
+        elif value // dp < 1:
+            errors.append(f"{key}={value} is deprecated (verl's global micro-batch): verl and rlx divide it by the "
+                          f"{dp} data-parallel groups (world size {ws} // {sp_key}), which leaves 0 per GPU. Fix: "
+                          f"{replacement}=<rows per GPU>, or {key} >= {dp}.")
+        else:
             errors.append(f"{key}={value} and {replacement}={per_gpu} are both set (verl refuses this too). Fix: "
                           f"remove {key} (deprecated: verl's global micro-batch).")
-            continue
-        sp_key = DIVIDED_BY[key][0]
-        dp = data_parallel_size(world_size(cfg), _get(cfg, sp_key))
-        errors.append(f"{key}={value} is deprecated (verl's global micro-batch): verl and rlx divide it by the "
-                      f"{dp} data-parallel groups (world size {world_size(cfg)} // {sp_key}), which leaves "
-                      f"{value // dp if dp else '?'} per GPU. Fix: {replacement}=<rows per GPU>, or {key} >= {dp}.")
     for key, source in FOLLOWS.items():
         value, wanted = _get(cfg, key), _get(cfg, source)
         if value != wanted:
