@@ -139,6 +139,139 @@ def test_cfg_job_as_a_process():
 
 
 def test_cfg_job_notes_what_validation_would_refuse(capsys):
-    code, out, err = run_main(capsys, "--cfg", "job", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1")
-    assert code == 0 and yaml.safe_load(out)["actor_rollout_ref"]["rollout"]["n"] == 1
-    assert "rlx: note:" in err and "actor_rollout_ref.rollout.n >= 2" in err
+    code, out, err = run_main(capsys, "--cfg", "job", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=0")
+    assert code == 0 and yaml.safe_load(out)["actor_rollout_ref"]["rollout"]["n"] == 0
+    assert "rlx: note:" in err and "actor_rollout_ref.rollout.n=0 must be >= 1" in err
+
+
+# ---- --check: composition, validation and the preflight, then what would run; never Ray -----------------------------
+def test_check_prints_what_would_run_and_starts_no_ray(capsys):
+    import ray
+
+    code, out, err = run_main(capsys, "--config-name", "quickstart", "actor_rollout_ref.actor.use_kl_loss=True",
+                              "--check")
+    assert code == 0, err
+    assert out.startswith("rlx: check passed")
+    lines = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert "grpo, 4 response(s) per prompt" in lines["algorithm"] and "KL loss low_var_kl" in lines["algorithm"]
+    assert "1 node(s) x 2 = 2 rank(s) per role, device cpu (gloo)" in lines["world"]
+    assert lines["roles"].split(None, 1)[1] == "actor+rollout, ref, no critic (grpo trains none)"
+    assert "fsdp2, sp 1, mini-batch 8 prompts, micro-batch 8 per GPU" in lines["actor"]
+    assert "tp 1, log-prob micro-batch 16 per GPU" in lines["rollout"]
+    assert "log-prob micro-batch 16 per GPU" in lines["ref"]
+    assert "train 2048 prompts (128 step(s) per epoch), val 64; 20 training step(s)" in lines["data"]
+    assert not ray.is_initialized()
+
+
+def test_check_lists_every_validation_error_and_exits_2(capsys):
+    code, out, err = run_main(capsys, "--config-name", "quickstart", "actor_rollout_ref.actor.ppo_mini_batch_size=5",
+                              "trainer.use_legacy_worker_impl=maybe", "--check")
+    assert code == 2 and out == ""
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=5 must be positive and divide" in err
+    assert "trainer.use_legacy_worker_impl='maybe' is not valid" in err
+
+
+def test_check_runs_the_preflight(capsys, tmp_path):
+    missing = tmp_path / "nope.parquet"
+    code, out, err = run_main(capsys, "--config-name", "quickstart", f"data.train_files={missing}", "--check")
+    assert code == 2 and out == ""
+    assert "the job cannot start (checked before Ray)" in err and str(missing) in err
+
+
+def test_check_and_cfg_together_is_a_usage_error(capsys):
+    code, _, err = run_main(capsys, "--check", "--cfg", "job")
+    assert code == 2 and "--check and --cfg" in err
+
+
+def test_check_of_a_verl_command_as_a_process(tmp_path):
+    """verl's GRPO example with the machine-bound values swapped: a separate process, exit 0, no Ray started."""
+    swap = {"actor_rollout_ref.model.path": "builtin://tiny-qwen2", "trainer.n_gpus_per_node": "2",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": "1", "data.train_batch_size": "8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size": "4", "data.max_prompt_length": "16",
+            "data.max_response_length": "16", "trainer.logger": "[console]",
+            "actor_rollout_ref.model.enable_activation_offload": "False",
+            "data.train_files": "synthetic://digits/size:64/seed:0",
+            "data.val_files": "synthetic://digits/size:8/seed:1"}
+    argv = [f"{k}={swap.get(k, v)}" for k, _, v in (a.partition("=") for a in VERL_GRPO)]
+    proc = subprocess.run([sys.executable, "-m", "rlx.trainer.main_ppo", *argv, "trainer.device=cpu",
+                           f"trainer.default_local_dir={tmp_path}", "--check"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "roles        actor+rollout, ref, no critic (grpo trains none)" in proc.stdout
+    assert "every 20 step(s)" in proc.stdout
+    assert "Started a local Ray" not in proc.stderr
+
+
+# ---- verl's --config-path / --config-name ---------------------------------------------------------------------------
+VERL_STYLE_YAML = """\
+hydra:
+  searchpath:
+    - file://verl/trainer/config
+defaults:
+  - ppo_trainer
+  - _self_
+data:
+  max_prompt_length: 24
+actor_rollout_ref:
+  rollout:
+    n: 3
+"""
+
+
+def test_user_config_from_a_path_composes_over_rlx_ppo_trainer(capsys, tmp_path):
+    import warnings
+
+    (tmp_path / "mine.yaml").write_text(VERL_STYLE_YAML)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # verl's searchpath entry, absent here, is dropped without a warning
+        for name in ("mine", "mine.yaml"):
+            code, out, err = run_main(capsys, f"--config-path={tmp_path}", f"--config-name={name}",
+                                      "data.max_response_length=40", "--cfg", "job")
+            assert code == 0, err
+            tree = yaml.safe_load(out)
+            assert tree["data"]["max_prompt_length"] == 24 and tree["actor_rollout_ref"]["rollout"]["n"] == 3
+            assert tree["data"]["max_response_length"] == 40  # the command line over the file
+            assert tree["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == 256  # rlx's ppo_trainer (verl's)
+
+
+def test_user_dir_is_searched_before_rlx(capsys, tmp_path):
+    """A defaults entry the user's dir holds is the user's (here a `quickstart` of their own), else rlx's."""
+    (tmp_path / "quickstart.yaml").write_text("defaults: [ppo_trainer, _self_]\ndata:\n  max_prompt_length: 99\n")
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - quickstart\n  - _self_\n")
+    code, out, err = run_main(capsys, "-cp", str(tmp_path), "-cn", "mine", "--cfg", "job", "-p", "data")
+    assert code == 0, err
+    assert yaml.safe_load(out)["max_prompt_length"] == 99
+
+
+def test_relative_config_path_is_hydras(capsys, tmp_path, monkeypatch):
+    """Relative to rlx/trainer/ first (verl's `--config-path=config` is the trainer's own config dir), then to the
+    working directory."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(capsys, "--config-path=config", "--config-name=quickstart.yaml", "--cfg", "job")
+    assert code == 0, err
+    assert yaml.safe_load(out)["data"]["max_prompt_length"] == 16  # rlx's quickstart
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "job.yaml").write_text(VERL_STYLE_YAML)
+    code, out, err = run_main(capsys, "--config-path", "mine", "--config-name", "job", "--cfg", "job")
+    assert code == 0, err
+    assert yaml.safe_load(out)["data"]["max_prompt_length"] == 24
+
+
+def test_missing_config_dir_is_exit_2_naming_it(capsys, tmp_path):
+    code, out, err = run_main(capsys, f"--config-path={tmp_path / 'absent'}", "--config-name=x", "--check")
+    assert code == 2 and out == ""
+    assert f"--config-path {tmp_path / 'absent'}: no such directory" in err and "Traceback" not in err
+
+
+def test_missing_config_file_is_exit_2_naming_it(capsys, tmp_path):
+    code, _, err = run_main(capsys, f"--config-path={tmp_path}", "--config-name=absent", "--check")
+    assert code == 2
+    assert f"--config-name absent: no absent.yaml in {tmp_path} nor in rlx's config dir" in err
+    assert "'ppo_trainer'" in err and "Traceback" not in err
+
+
+def test_defaults_entry_naming_no_config_is_exit_2(capsys, tmp_path):
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - ppo_megatron_trainer\n  - _self_\n")
+    code, _, err = run_main(capsys, f"--config-path={tmp_path}", "--config-name=mine", "--check")
+    assert code == 2 and "Traceback" not in err
+    assert "--config-name mine" in err and "ppo_megatron_trainer" in err

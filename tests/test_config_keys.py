@@ -4,9 +4,9 @@ implement is an error, never a silent no-op).
 A key is accounted for when the code that runs a job reads it (recorded by tests/key_recording.py: a tiny job in
 one process with a config that records every field read, validation's own reads excluded), when its schema
 default interpolates into a key that is read (trainer.project_name -> trainer.default_local_dir), or when it is
-listed: `NOT_SUPPORTED` and `DEPRECATED` (refused unless default), `FOLLOWS` (refused unless equal to the key it
-mirrors), `NO_OP_BY_DESIGN` (accepted, with the reason), `ALIASES` (verl 0.9.1's `reward.*` spelling of a legacy
-key, moved onto it at load).
+listed: `NOT_SUPPORTED` (refused unless default), `DEPRECATED` (turned into the per-GPU key that replaces it, as
+verl does), `FOLLOWS` (refused unless equal to the key it mirrors), `NO_OP_BY_DESIGN` (accepted, with the reason),
+`ALIASES` (verl 0.9.1's `reward.*` spelling of a legacy key, moved onto it at load).
 """
 from __future__ import annotations
 
@@ -97,6 +97,7 @@ def test_follower_keys_are_refused_unless_they_follow(key):
 
 
 @pytest.mark.parametrize("key", sorted(DEPRECATED))
-def test_deprecated_keys_are_refused(key):
-    with pytest.raises(ValueError, match=rf"{re.escape(key)} is deprecated in verl.*set {re.escape(DEPRECATED[key])}"):
-        load_config([f"{key}=4"])
+def test_deprecated_keys_are_refused_next_to_their_replacement(key):
+    """Alone, a deprecated key sets its replacement (tests/test_verl_leniency.py); with it, it is refused."""
+    with pytest.raises(ValueError, match=rf"{re.escape(key)}=4 and {re.escape(DEPRECATED[key])}=2 are both set"):
+        load_config([f"{key}=4", f"{DEPRECATED[key]}=2"])

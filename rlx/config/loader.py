@@ -8,9 +8,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rlx.config.config_path import CONFIG_DIR, locate
 from rlx.config.schema import RLXConfig
-
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "trainer" / "config"
 
 
 def _schema_keys(cls=RLXConfig, prefix: str = "") -> tuple[set[str], set[str]]:
@@ -62,10 +61,27 @@ def _is_known(key: str) -> bool:
     return any(key.startswith(free + ".") for free in FREE_DICT_KEYS)
 
 
+def _missing_section(key: str) -> str | None:
+    """The first part of `key`'s path that is not a section of the schema (None when its parent is one)."""
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i])
+        if prefix not in SECTION_KEYS:
+            return prefix
+    return None
+
+
 def unknown_key_error(key: str, shown: str | None = None) -> ValueError:
     shown = shown or key
-    hint = suggest_key(key)
-    msg = f"Unknown config key '{shown}': rlx has no key '{key}'."
+    section = _missing_section(key)
+    if section is None:
+        hint = suggest_key(key)
+        msg = f"Unknown config key '{shown}': rlx has no key '{key}'."
+    else:  # a whole section rlx does not have (verl's multi_turn, rollout_correction, ...): only a near-spelling helps
+        what = "is a key (a value), not a section" if section in SCHEMA_KEYS else "is not a section rlx has"
+        msg = f"Unknown config key '{shown}': '{section}' {what}, so rlx has no key '{key}'."
+        match = difflib.get_close_matches(key, sorted(SCHEMA_KEYS - SECTION_KEYS), n=1, cutoff=0.85)
+        hint = match[0] if match else None
     if hint:
         msg += f" Did you mean '{hint}'? Fix: {hint}=<value>"
     if shown.startswith("+"):
@@ -149,14 +165,25 @@ def compose(overrides: list[str] | None = None, config_dir: str | Path | None = 
 
 def compose_with_hydra(overrides: list[str] | None = None, config_dir: str | Path | None = None,
                        config_name: str = "ppo_trainer", hydra: bool = True) -> tuple[DictConfig, DictConfig | None]:
-    """`compose`, also returning Hydra's own config node (what `--cfg hydra|all` prints) when `hydra`."""
+    """`compose`, also returning Hydra's own config node (what `--cfg hydra|all` prints) when `hydra`.
+
+    `config_dir` / `config_name` are `--config-path` / `--config-name` (rlx.config.config_path: a user's YAML whose
+    `defaults` name `ppo_trainer` composes over rlx's)."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
 
+    where = locate(config_dir, config_name)
     overrides = check_override_keys(list(overrides or []))
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(Path(config_dir or CONFIG_DIR).resolve()), version_base=None):
-        cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
+    try:
+        with initialize_config_dir(config_dir=str(where.config_dir), version_base=None):
+            cfg = hydra_compose(config_name=where.config_name, overrides=overrides + where.searchpath_override(),
+                                return_hydra_config=hydra)
+    except ConfigCompositionException as e:  # a defaults entry that names no file, an unreadable YAML
+        raise ValueError(f"--config-name {where.config_name} (in {where.config_dir}): {e}".rstrip()) from None
+    finally:
+        GlobalHydra.instance().clear()
     hydra_cfg = None
     if hydra:
         with open_dict(cfg):
@@ -165,9 +192,16 @@ def compose_with_hydra(overrides: list[str] | None = None, config_dir: str | Pat
     return cfg, hydra_cfg
 
 
-def to_typed(cfg: DictConfig) -> RLXConfig:
-    """Merge into the structured schema (type-checks values), resolve interpolations, build dataclasses."""
+def to_typed(cfg: DictConfig, notes: list[str] | None = None) -> RLXConfig:
+    """Merge into the structured schema (type-checks values), turn verl's deprecated global micro-batch keys into
+    their per-GPU keys (rlx.config.deprecated; its notes are appended to `notes`), resolve interpolations, build
+    dataclasses."""
+    from rlx.config.deprecated import derive_micro_batch_sizes
+
     merged = merge_schema(cfg)
+    said = derive_micro_batch_sizes(merged)
+    if notes is not None:
+        notes.extend(said)
     try:
         OmegaConf.resolve(merged)
         return OmegaConf.to_object(merged)
@@ -191,13 +225,15 @@ def merge_schema(cfg: DictConfig) -> DictConfig:
 
 
 def load_config(overrides: list[str] | None = None, config_dir: str | Path | None = None,
-                config_name: str = "ppo_trainer", validate: bool = True) -> RLXConfig:
-    """What `main_ppo` does before anything starts: compose, check keys, type, validate."""
+                config_name: str = "ppo_trainer", validate: bool = True, notes: list[str] | None = None) -> RLXConfig:
+    """What `main_ppo` does before anything starts: compose, check keys, type, validate. `notes`: a list that gets
+    the `rlx: note:` lines of the load (deprecated keys taken as verl takes them)."""
     from rlx.config.device import resolve_device
     from rlx.config.reward import merge_reward_section
     from rlx.config.validate import validate_config
 
-    cfg = resolve_device(to_typed(compose(overrides, config_dir, config_name)))  # trainer.device=auto -> cuda|cpu
+    # trainer.device=auto -> cuda|cpu
+    cfg = resolve_device(to_typed(compose(overrides, config_dir, config_name), notes))
     merge_reward_section(cfg, RLXConfig())  # verl 0.9.1's reward.* keys act as the legacy keys they spell
     if validate:
         validate_config(cfg)

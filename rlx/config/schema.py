@@ -251,7 +251,9 @@ class ActorConfig:
     ppo_mini_batch_size: int = 256
     """Prompts per optimizer step (multiplied by rollout.n), before dividing across ranks."""
     ppo_micro_batch_size: Optional[int] = None
-    """verl key (deprecated global micro-batch); use ppo_micro_batch_size_per_gpu."""
+    """verl key (deprecated): a micro-batch over the whole data-parallel world; taken as verl takes it,
+    ppo_micro_batch_size_per_gpu = this // (world size // ulysses_sequence_parallel_size), with a note. Use
+    ppo_micro_batch_size_per_gpu."""
     ppo_micro_batch_size_per_gpu: Optional[int] = None
     """Sequences per forward/backward on each rank (gradient accumulation inside a mini-batch); required unless
     use_dynamic_bsz (verl has no default either)."""
@@ -332,7 +334,8 @@ class RefConfig:
     use_torch_compile: bool = "${actor_rollout_ref.actor.use_torch_compile}"  # type: ignore[assignment]
     """verl key; rlx never compiles (see actor.use_torch_compile)."""
     log_prob_micro_batch_size: Optional[int] = None
-    """verl key (deprecated); use log_prob_micro_batch_size_per_gpu."""
+    """verl key (deprecated): a global micro-batch; taken as verl takes it, log_prob_micro_batch_size_per_gpu = this
+    // (world size // actor.ulysses_sequence_parallel_size), with a note. Use log_prob_micro_batch_size_per_gpu."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     """Sequences per reference log-prob forward on each rank; required unless log_prob_use_dynamic_bsz."""
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
@@ -403,7 +406,8 @@ class RolloutConfig:
     do_sample: bool = True
     """Sample (False: greedy)."""
     n: int = 1
-    """Responses per prompt (GRPO/RLOO group size: >= 2)."""
+    """Responses per prompt (the GRPO/RLOO group size; with n=1 each group holds one response and, as in verl, its
+    advantage is its score: GRPO takes mean 0 and std 1 for a group of one, RLOO has no other response)."""
     seed: int = 42
     """Base sampling seed (each rank adds its rank)."""
     prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
@@ -444,7 +448,8 @@ class RolloutConfig:
     max_num_seqs: int = 256
     """vLLM concurrent sequences."""
     log_prob_micro_batch_size: Optional[int] = None
-    """verl key (deprecated); use log_prob_micro_batch_size_per_gpu."""
+    """verl key (deprecated): a global micro-batch; taken as verl takes it, log_prob_micro_batch_size_per_gpu = this
+    // (world size // actor.ulysses_sequence_parallel_size), with a note. Use log_prob_micro_batch_size_per_gpu."""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     """Sequences per old-log-prob forward on each rank; required unless log_prob_use_dynamic_bsz."""
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
@@ -551,11 +556,14 @@ class CriticConfig:
     ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
     """Prompts per critic optimizer step (multiplied by rollout.n)."""
     ppo_micro_batch_size: Optional[int] = None
-    """verl key (deprecated); use ppo_micro_batch_size_per_gpu."""
+    """verl key (deprecated): a global micro-batch; taken as verl takes it, ppo_micro_batch_size_per_gpu = this //
+    (world size // critic.ulysses_sequence_parallel_size), with a note. Use ppo_micro_batch_size_per_gpu."""
     ppo_micro_batch_size_per_gpu: Optional[int] = "${actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
     """Sequences per critic forward/backward on each rank."""
     forward_micro_batch_size: Optional[int] = None
-    """verl key (deprecated); use forward_micro_batch_size_per_gpu."""
+    """verl key (deprecated): a global micro-batch; forward_micro_batch_size_per_gpu = this // (world size //
+    critic.ulysses_sequence_parallel_size), with a note (null: follows ppo_micro_batch_size, as in verl). Use
+    forward_micro_batch_size_per_gpu."""
     forward_micro_batch_size_per_gpu: Optional[int] = "${critic.ppo_micro_batch_size_per_gpu}"  # type: ignore[assignment]
     """Sequences per value forward on each rank."""
     use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
@@ -804,6 +812,10 @@ class TrainerConfig:
     device: str = "auto"
     """auto | cuda (nccl) | cpu (gloo). auto: cuda when the driver sees a GPU, else cpu (a driver joining a cluster
     from a machine without GPUs must say cuda)."""
+    use_legacy_worker_impl: str = "auto"
+    """verl key: auto | enable | disable picks between verl's two worker implementations (its legacy FSDP workers
+    and its newer engine workers), which train the same model. rlx has one worker implementation, so every value
+    verl accepts runs the same; another value is refused, as verl refuses it."""
     save_freq: int = -1
     """Save a checkpoint every N steps (-1: never)."""
     resume_mode: str = "auto"
@@ -939,7 +951,8 @@ NOT_SUPPORTED_REASONS: dict[str, str] = {
         "which computes the same log-probs, only with more compute",
 }
 
-# verl's deprecated global batch-size keys: refused unless null, pointing at the per-GPU key that replaces them.
+# verl's deprecated global batch-size keys -> the per-GPU key that replaces them. Taken as verl's workers take them
+# (rlx.config.deprecated: divided by world size // sp, with a note); refused when the replacement is set too.
 DEPRECATED: dict[str, str] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
     "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
@@ -1001,6 +1014,8 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     "critic.model.target_modules": "inert without critic.model.lora_rank > 0 (refused), as in verl",
     "algorithm.rollout_correction.loss_type": "inert without algorithm.rollout_correction.bypass_mode=True "
         "(refused), as in verl",
+    "trainer.use_legacy_worker_impl": "picks one of verl's two worker implementations, which train the same model; "
+                                      "rlx has one (values other than verl's auto | enable | disable are refused)",
 }
 NO_OP_BY_DESIGN.update(profiler.NO_OP_BY_DESIGN)  # options of the refused nsys/npu tools; torch's stack depth
 

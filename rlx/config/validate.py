@@ -10,6 +10,7 @@ import json
 import os
 
 from rlx.algos.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
+from rlx.config.deprecated import DIVIDED_BY, data_parallel_size
 from rlx.config.profiler import TORCH_CONTENTS
 from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, NOT_SUPPORTED_REASONS, RLXConfig
 
@@ -31,6 +32,7 @@ REFUSED_PROFILER_TOOLS = {
     "npu": "Ascend NPUs are not a device rlx runs on",
     "precision_debugger": "msprobe's precision debugger is Ascend tooling rlx does not integrate",
 }
+LEGACY_WORKER_IMPL = ("auto", "enable", "disable")  # verl's values (any other is verl's ValueError too)
 
 
 def _get(cfg, dotted: str):
@@ -179,9 +181,24 @@ def _check_not_supported(cfg, errors):
         if value != default:
             why = f" ({NOT_SUPPORTED_REASONS[key]})" if key in NOT_SUPPORTED_REASONS else ""
             errors.append(f"{key}={value!r} is not supported yet by rlx{why}; remove it (or set {key}={default}).")
-    for key, replacement in DEPRECATED.items():
-        if _get(cfg, key) is not None:
-            errors.append(f"{key} is deprecated in verl and not supported by rlx; set {replacement} instead.")
+    for key, replacement in DEPRECATED.items():  # left set by rlx.config.deprecated: too small, or both set
+        value, per_gpu = _get(cfg, key), _get(cfg, replacement)
+        if value is None:
+            continue
+        sp_key = DIVIDED_BY[key][0] or "(no sequence parallelism: 1)"
+        sp, ws = _get(cfg, DIVIDED_BY[key][0]) if DIVIDED_BY[key][0] else 1, world_size(cfg)
+        dp = data_parallel_size(ws, sp)
+        if dp is None:
+            errors.append(f"{key}={value} (deprecated: verl's global micro-batch) is divided by world size // "
+                          f"{sp_key} = {ws} // {sp!r}, which is not a positive data-parallel size. Fix: "
+                          f"{replacement}=<rows per GPU> instead, and a {sp_key} that divides the world size.")
+        elif value // dp < 1:
+            errors.append(f"{key}={value} is deprecated (verl's global micro-batch): verl and rlx divide it by the "
+                          f"{dp} data-parallel groups (world size {ws} // {sp_key}), which leaves 0 per GPU. Fix: "
+                          f"{replacement}=<rows per GPU>, or {key} >= {dp}.")
+        else:
+            errors.append(f"{key}={value} and {replacement}={per_gpu} are both set (verl refuses this too). Fix: "
+                          f"remove {key} (deprecated: verl's global micro-batch).")
     for key, source in FOLLOWS.items():
         value, wanted = _get(cfg, key), _get(cfg, source)
         if value != wanted:
@@ -265,8 +282,10 @@ def _check_batch_sizes(cfg, errors):
         elif micro is None or micro <= 0:
             errors.append(f"{prefix}.ppo_micro_batch_size_per_gpu={micro!r} must be a positive integer (or set "
                           f"{prefix}.use_dynamic_bsz=True with {prefix}.ppo_max_token_len_per_gpu).")
-    for prefix, dyn in (("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz"),
-                        ("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz")):
+    log_prob_roles = [("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz")]
+    if cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # a ref is built (as verl asks)
+        log_prob_roles.append(("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz"))
+    for prefix, dyn in log_prob_roles:
         if _get(cfg, f"{prefix}.{dyn}"):
             _positive(errors, f"{prefix}.log_prob_max_token_len_per_gpu",
                       _get(cfg, f"{prefix}.log_prob_max_token_len_per_gpu"), f"(the token budget of {prefix}.{dyn})")
@@ -402,10 +421,8 @@ def _check_lora_dtype(cfg, key, what, errors):
 def _check_algorithm(cfg, errors):
     alg, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     _choice(errors, "algorithm.adv_estimator", alg.adv_estimator, ADV_ESTIMATORS)
-    if alg.adv_estimator in ("grpo", "rloo") and rollout.n < 2:
-        errors.append(f"algorithm.adv_estimator={alg.adv_estimator} compares responses within a group and needs "
-                      f"actor_rollout_ref.rollout.n >= 2, got {rollout.n}. Fix: actor_rollout_ref.rollout.n=4 "
-                      f"(or algorithm.adv_estimator=gae).")
+    if rollout.n < 1:
+        errors.append(f"actor_rollout_ref.rollout.n={rollout.n} must be >= 1 (responses per prompt).")
     _choice(errors, "actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
     _choice(errors, "actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES)
     _choice(errors, "algorithm.kl_penalty", alg.kl_penalty, KL_TYPES)
@@ -640,6 +657,7 @@ def _check_data_trainer(cfg, errors):
     t = cfg.trainer
     _choice(errors, "trainer.device", t.device, ("cpu", "cuda"))  # `auto` is resolved at load (rlx.config.device)
     _choice(errors, "trainer.resume_mode", t.resume_mode, ("auto", "disable", "resume_path"))
+    _choice(errors, "trainer.use_legacy_worker_impl", t.use_legacy_worker_impl, LEGACY_WORKER_IMPL)
     _choice(errors, "trainer.on_damaged_checkpoint", t.on_damaged_checkpoint, ("previous", "error"))
     if t.log_val_generations < 0:
         errors.append(f"trainer.log_val_generations={t.log_val_generations} must be >= 0 (0: none).")

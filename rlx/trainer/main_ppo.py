@@ -26,10 +26,11 @@ class CliArgs:
     """What a command line asks for: Hydra's flags (the subset rlx implements) and the key=value overrides."""
     overrides: list[str] = field(default_factory=list)
     config_dir: str | None = None
-    """--config-path/-cp: a directory with the user's own YAML."""
+    """--config-path/-cp: a directory with the user's own YAML (relative: to rlx/trainer/ as in Hydra, then to the
+    working directory; rlx.config.config_path)."""
     config_name: str = "ppo_trainer"
-    """--config-name/-cn: the YAML file (without .yaml) to compose: ppo_trainer (verl's defaults) or quickstart
-    (rlx's small default job, what `make run` runs)."""
+    """--config-name/-cn: the YAML file (.yaml optional) to compose: ppo_trainer (verl's defaults), quickstart
+    (rlx's small default job, what `make run` runs) or the user's, whose `defaults` may name ppo_trainer."""
     cfg: str | None = None
     """--cfg/-c job|hydra|all: print the composed config and exit, as a Hydra app does."""
     resolve: bool = False
@@ -38,6 +39,8 @@ class CliArgs:
     """--package/-p KEY: with --cfg, print only that node."""
     help: bool = False
     """--help/-h."""
+    check: bool = False
+    """--check: compose, validate and run the preflight, print what would run, exit 0 (or 2) without starting Ray."""
 
 
 class UsageError(ValueError):
@@ -46,7 +49,7 @@ class UsageError(ValueError):
 
 _VALUE_FLAGS = {"--config-path": "config_dir", "-cp": "config_dir", "--config-name": "config_name",
                 "-cn": "config_name", "--cfg": "cfg", "-c": "cfg", "--package": "package", "-p": "package"}
-_SWITCHES = {"--help": "help", "-h": "help", "--resolve": "resolve", "--run": None, "-r": None}
+_SWITCHES = {"--help": "help", "-h": "help", "--resolve": "resolve", "--check": "check", "--run": None, "-r": None}
 _HYDRA_ONLY = ("--multirun", "-m", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--config-dir",
                "-cd", "--experimental-rerun", "--version")
 CFG_CHOICES = ("job", "hydra", "all")
@@ -75,10 +78,10 @@ def parse_argv(argv: list[str]) -> CliArgs:
             raise UsageError(f"{name} is a Hydra flag rlx does not implement (rlx runs one job per command)")
         else:
             raise UsageError(f"unknown option {arg!r}")
+    if args.check and args.cfg is not None:
+        raise UsageError("--check and --cfg are two answers; give one")
     if args.cfg is not None and args.cfg not in CFG_CHOICES:
         raise UsageError(f"--cfg {args.cfg!r}: choose one of {list(CFG_CHOICES)}")
-    if args.config_dir is not None:
-        args.config_dir = os.path.abspath(args.config_dir)
     return args
 
 
@@ -91,7 +94,7 @@ def usage() -> str:
     from rlx.config.loader import CONFIG_DIR
     from rlx.config.schema import RLXConfig
 
-    lines = ["usage: python -m rlx.trainer.main_ppo [--config-path DIR] [--config-name NAME] [key=value ...]",
+    lines = ["usage: python -m rlx.trainer.main_ppo [--config-path DIR] [--config-name NAME] [--check] [key=value ...]",
              "       python -m rlx.trainer.main_ppo --cfg job|hydra|all [--resolve] [--package KEY] [key=value ...]",
              "",
              "Train an LLM with PPO / GRPO / RLOO (verl's key names: paste a verl command line, swap the model path).",
@@ -120,9 +123,14 @@ def usage() -> str:
               "                             own settings; all: both)",
               "  --resolve                  with --cfg: resolve ${...} interpolations",
               "  --package, -p KEY          with --cfg: print only that node (e.g. -p actor_rollout_ref.rollout)",
-              "  --config-path, -cp DIR     directory of your own YAML config (default: rlx's)",
-              "  --config-name, -cn NAME    the config to compose, without .yaml (default: ppo_trainer, verl's",
+              "  --config-path, -cp DIR     directory of your own YAML config (default: rlx's); its `defaults` may",
+              "                             name ppo_trainer (rlx's). Relative: to rlx/trainer/ (Hydra's rule), then",
+              "                             to the working directory",
+              "  --config-name, -cn NAME    the config to compose, .yaml optional (default: ppo_trainer, verl's",
               "                             defaults; quickstart: rlx's tiny GRPO job, what `make run` runs)",
+              "  --check                    compose, validate and run the preflight (models, data, reward,",
+              "                             checkpoints), print what would run (roles, world size, engines,",
+              "                             offload), exit 0, or 2 with every error; Ray is not started",
               "  --help, -h                 this help"]
     return "\n".join(lines)
 
@@ -340,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             except BrokenPipeError:  # `--cfg job | head`: the reader left; not an error
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-        cfg = load_config(args.overrides, args.config_dir, args.config_name)
+        notes: list[str] = []
+        cfg = load_config(args.overrides, args.config_dir, args.config_name, notes=notes)
     except OverrideParseError as e:
         print(f"rlx: {e}", file=sys.stderr)
         return 2
@@ -351,13 +360,18 @@ def main(argv: list[str] | None = None) -> int:
     from rlx.trainer.ppo_trainer import TrainingStopped
     from rlx.trainer.preflight import PreflightError, preflight
 
-    for note in unused_section_notes(args.overrides, cfg):  # said once, before Ray starts
+    for note in notes + unused_section_notes(args.overrides, cfg):  # said once, before Ray starts
         print(note, file=sys.stderr, flush=True)
     try:
         inputs = preflight(cfg)
     except PreflightError as e:
         print(f"rlx: {e}{_base_config_hint(args)}", file=sys.stderr)
         return 2
+    if args.check:
+        from rlx.trainer.check import describe
+
+        print(describe(cfg, inputs), flush=True)
+        return 0
     try:
         run(cfg, inputs)
     except (TrainingStopped, DamagedCheckpointError) as e:

@@ -21,15 +21,6 @@ def max_conversation_tokens(cfg: RLXConfig) -> int | None:
     return r.prompt_length + r.response_length if r.prompt_length and r.response_length else None
 
 
-def micro_batch_size_per_gpu(cfg: RLXConfig, world_size: int) -> int | None:
-    """`reward_model.micro_batch_size_per_gpu`, or verl's derivation from the deprecated global
-    `reward_model.micro_batch_size` (divided by the world size)."""
-    rm = cfg.reward_model
-    if rm.micro_batch_size_per_gpu is not None:
-        return rm.micro_batch_size_per_gpu
-    return None if rm.micro_batch_size is None else max(1, rm.micro_batch_size // world_size)
-
-
 class RewardModelWorker(Worker):
     NAME = "reward_model"
 
@@ -63,7 +54,7 @@ class RewardModelWorker(Worker):
         with self.measured("reward_model", m):
             inputs = retemplated(batch, self.actor_tokenizer, self.rm_tokenizer, max_conversation_tokens(self.cfg)) \
                 if self.retemplate else actor_sequences(batch)
-            micro = micro_batch_size_per_gpu(self.cfg, self.world_size)
+            micro = rm.micro_batch_size_per_gpu  # (the deprecated global key is turned into it at load)
             by_tokens = rm.use_dynamic_bsz or micro is None  # verl 0.9.1's commands give no micro-batch size
             scores = self.rm.compute_rm_score(inputs, micro, rm.forward_max_token_len_per_gpu if by_tokens else None)
         out = Batch({"rm_scores": place_scores(scores["rm_score"], batch["response_mask"])})

@@ -1,0 +1,110 @@
+"""`--check`: what a command line would run, printed after composition, validation and the preflight, before Ray.
+
+`python -m rlx.trainer.main_ppo ... --check` answers "would this long command start, and what would it build?" with
+the checks a run makes before Ray starts (the GPUs of `trainer.device=cuda` are this machine's, unless
+`ray_init.address` / RAY_ADDRESS names the cluster the job will join). Exit 0 with the summary, or 2 with every
+error; Ray is never started.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RLXConfig
+    from rlx.trainer.preflight import DriverInputs
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def _micro(dynamic: bool, rows, tokens) -> str:
+    return f"dynamic, {tokens} tokens per GPU" if dynamic else f"{rows} per GPU"
+
+
+def _log_prob_micro(role) -> str:
+    return _micro(role.log_prob_use_dynamic_bsz, role.log_prob_micro_batch_size_per_gpu,
+                  role.log_prob_max_token_len_per_gpu)
+
+
+def _offload(fsdp_cfg) -> str:
+    parts = [name for name, on in (("params", fsdp_cfg.param_offload), ("optimizer", fsdp_cfg.optimizer_offload),
+                                   ("CPUOffloadPolicy", fsdp_cfg.offload_policy)) if on]
+    return "+".join(parts) if parts else "none"
+
+
+def rollout_engine(cfg: RLXConfig) -> str:
+    """The engine `rollout.name` picks on this machine (auto: vllm when it is installed, else hf), without logging."""
+    from rlx.config.device import vllm_available
+
+    name = cfg.actor_rollout_ref.rollout.name
+    if name != "auto":
+        return name
+    return "vllm (rollout.name=auto)" if vllm_available() else "hf (rollout.name=auto; vLLM is not installed here)"
+
+
+def describe(cfg: RLXConfig, inputs: DriverInputs | None = None) -> str:
+    """The roles, world, engines and memory settings a run of `cfg` would use, one line per topic."""
+    from rlx.config.validate import world_size
+
+    arr, alg, t = cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
+    actor, ref, rollout, model = arr.actor, arr.ref, arr.rollout, arr.model
+    ws = world_size(cfg)
+    use_ref = actor.use_kl_loss or alg.use_kl_in_reward
+    use_critic = alg.adv_estimator == "gae"
+    lines = ["rlx: check passed: the command composes, validates and passes the preflight (Ray not started).",
+             "What it would run:"]
+
+    def row(topic: str, text: str) -> None:
+        lines.append(f"  {topic:<12} {text}")
+
+    kl = []
+    if actor.use_kl_loss:
+        kl.append(f"KL loss {actor.kl_loss_type} x {actor.kl_loss_coef}")
+    if alg.use_kl_in_reward:
+        kl.append(f"KL in reward {alg.kl_penalty} ({alg.kl_ctrl.type}, coef {alg.kl_ctrl.kl_coef})")
+    row("algorithm", f"{alg.adv_estimator}, {rollout.n} response(s) per prompt, policy loss "
+                     f"{actor.policy_loss.loss_mode}, {actor.loss_agg_mode}" + (f"; {'; '.join(kl)}" if kl else ""))
+    dist = "nccl" if t.device == "cuda" else "gloo"
+    row("world", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {ws} rank(s) per role, device {t.device} ({dist})")
+    roles = ["actor+rollout"]
+    if use_ref:
+        roles.append("ref (the actor's module with the LoRA adapters off)" if model.lora_rank else "ref")
+    roles.append("critic" if use_critic else f"no critic ({alg.adv_estimator} trains none)")
+    if not use_ref:
+        roles.append("no ref (no KL term)")
+    row("roles", ", ".join(roles))
+    lora = f", LoRA rank {model.lora_rank} alpha {model.lora_alpha}" if model.lora_rank else ""
+    row("model", f"{model.path}{lora}; remove padding {_on(model.use_remove_padding)}, fused head "
+                 f"{_on(model.use_fused_kernels)}, gradient checkpointing {_on(model.enable_gradient_checkpointing)}, "
+                 f"activation offload {_on(model.enable_activation_offload)}")
+    row("actor", f"{actor.strategy}, sp {actor.ulysses_sequence_parallel_size}, mini-batch "
+                 f"{actor.ppo_mini_batch_size} prompts, micro-batch "
+                 f"{_micro(actor.use_dynamic_bsz, actor.ppo_micro_batch_size_per_gpu, actor.ppo_max_token_len_per_gpu)}"
+                 f", offload {_offload(actor.fsdp_config)}, lr {actor.optim.lr}")
+    row("rollout", f"{rollout_engine(cfg)}, tp {rollout.tensor_model_parallel_size}, log-prob micro-batch "
+                   f"{_log_prob_micro(rollout)}, temperature {rollout.temperature}")
+    if use_ref:
+        row("ref", f"{ref.strategy}, sp {ref.ulysses_sequence_parallel_size}, log-prob micro-batch "
+                   f"{_log_prob_micro(ref)}, offload {_offload(ref.fsdp_config)}")
+    if use_critic:
+        c = cfg.critic
+        row("critic", f"{c.strategy}, sp {c.ulysses_sequence_parallel_size}, {c.model.path}, micro-batch "
+                      f"{_micro(c.use_dynamic_bsz, c.ppo_micro_batch_size_per_gpu, c.ppo_max_token_len_per_gpu)}, "
+                      f"offload {_offload(c.model.fsdp_config)}, activation offload "
+                      f"{_on(c.model.enable_activation_offload)}")
+    d = cfg.data
+    data = f"prompt {d.max_prompt_length} + response {d.max_response_length} tokens, {d.train_batch_size} prompts " \
+           f"per step"
+    if inputs is not None and inputs.train_dataset is not None:
+        steps_per_epoch = len(inputs.train_dataset) // d.train_batch_size
+        total = t.total_training_steps or steps_per_epoch * t.total_epochs
+        val = len(inputs.val_dataset) if inputs.val_dataset is not None else 0
+        data += f"; train {len(inputs.train_dataset)} prompts ({steps_per_epoch} step(s) per epoch), val {val}; " \
+                f"{total} training step(s)"
+    row("data", data)
+    ckpt = f"every {t.save_freq} step(s) to {t.default_local_dir}" if t.save_freq > 0 else "none (trainer.save_freq)"
+    resume = inputs.resume_dir if inputs is not None and inputs.resume_dir else f"none ({t.resume_mode})"
+    row("checkpoints", f"{ckpt}; resume from {resume}")
+    row("loggers", ", ".join(t.logger))
+    return "\n".join(lines)
