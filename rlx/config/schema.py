@@ -995,6 +995,8 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     "actor_rollout_ref.ref.fsdp_config.strategy": _ENGINE_STRATEGY,
     "critic.model.fsdp_config.use_orig_params": _ORIG_PARAMS,
     "critic.model.fsdp_config.strategy": _ENGINE_STRATEGY,
+    "reward_model.model.fsdp_config.use_orig_params": _ORIG_PARAMS,
+    "reward_model.model.fsdp_config.strategy": _ENGINE_STRATEGY,
     "data.dataloader_num_workers": "loader speed only: rlx tokenizes every prompt once, up front, in the driver",
     "data.filter_overlong_prompts_workers": "speed only: the filter runs in the driver and drops the same prompts",
     "actor_rollout_ref.rollout.agent.num_workers": "speed only: verl's count of agent-loop processes; rlx runs every "

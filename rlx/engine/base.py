@@ -21,8 +21,10 @@ from rlx.engine.packing import micro_batches, restore_order, token_inputs
 log = logging.getLogger("rlx")
 
 FSDP_KEYS = {"actor": "actor_rollout_ref.actor.fsdp_config", "ref": "actor_rollout_ref.ref.fsdp_config",
-             "critic": "critic.model.fsdp_config"}  # each role's fsdp_config, as errors name it
-MODEL_KEYS = {"actor": "actor_rollout_ref.model", "ref": "actor_rollout_ref.model", "critic": "critic.model"}
+             "critic": "critic.model.fsdp_config",
+             "reward": "reward_model.model.fsdp_config"}  # each role's fsdp_config, as errors name it
+MODEL_KEYS = {"actor": "actor_rollout_ref.model", "ref": "actor_rollout_ref.model", "critic": "critic.model",
+              "reward": "reward_model.model"}
 
 
 class FSDPEngine:
