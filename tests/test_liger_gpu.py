@@ -21,6 +21,17 @@ LAYER = OFFLOAD + ["actor_rollout_ref.model.tile_layer_tokens=16", "actor_rollou
                    "actor_rollout_ref.model.fused_kernel_options.chunk_size=24"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def torch_rotary_after():
+    """Liger's rotary replaces the model family's function for the whole process (rlx.engine.liger); the tests that
+    run after this module in the same process get torch's back."""
+    yield
+    from transformers.models.qwen2 import modeling_qwen2
+
+    if hasattr(modeling_qwen2, "_rlx_torch_rotary"):
+        modeling_qwen2.apply_rotary_pos_emb = modeling_qwen2._rlx_torch_rotary
+
+
 @pytest.fixture(scope="module")
 def dist():
     from rlx.engine.fsdp import init_distributed

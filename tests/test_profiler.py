@@ -287,7 +287,8 @@ def test_torch_memory_writes_snapshots_of_the_step_and_at_out_of_memory(tmp_path
 
     out = tmp_path / "profile"
     proc = subprocess.run([sys.executable, "-c", TORCH_MEMORY_CHILD, str(out)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
     assert proc.returncode == 0 and "oom raised" in proc.stdout, proc.stdout + proc.stderr
     step = glob.glob(str(out / "step1" / "torch_memory_rank0_pid*.pickle"))
     oom = glob.glob(str(out / "oom_*" / "torch_memory_oom_rank0_pid*.pickle"))

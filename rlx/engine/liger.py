@@ -4,8 +4,8 @@ the ref's and the critic's HF model, from the liger-kernel package.
 `apply_liger(model, model_cfg, device, key)` patches the built (plain, unwrapped) HF model in place, before LoRA,
 the token head, tiling and FSDP see it:
 
-* RMSNorm (every decoder layer's two and the final norm) and the SwiGLU MLP: the module instances' forwards are
-  Liger's, so whatever calls them later (the tiled MLP, the tiled decoder layer, the activation offload, peft's
+* RMSNorm (every decoder layer's two and the final norm) and the SwiGLU MLP: this model's module instances' forwards
+  are Liger's (Liger's own swap of the family's classes is undone, so models built later are not affected), so whatever calls them later (the tiled MLP, the tiled decoder layer, the activation offload, peft's
   adapters inside the MLP's projections) runs the Liger kernels;
 * RoPE: Liger replaces the model family's `apply_rotary_pos_emb` (a module-level function, so every model of that
   family in the process: the ref and the HF rollout of the same worker too; the same rotation). torch's function
@@ -50,5 +50,11 @@ def apply_liger(model: nn.Module, use_liger: bool, device: torch.device, key: st
         family._rlx_torch_rotary = torch_rotary  # before Liger replaces it (the tiled layers keep using it)
     wanted = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False)
     takes = inspect.signature(apply).parameters  # a family without a key (e.g. no SwiGLU MLP) has no kernel for it
+    # Liger also swaps the family's module classes (Qwen2RMSNorm, Qwen2MLP, ...) for every model built later in this
+    # process; rlx patches this model's module instances only (the ref, a reward model or another engine of the same
+    # process keep torch's norms and MLPs unless their own use_liger says otherwise)
+    classes = {name: value for name, value in vars(family).items() if isinstance(value, type)}
     apply(model=model, **{k: v for k, v in wanted.items() if k in takes})
+    for name, value in classes.items():
+        setattr(family, name, value)
     return True
