@@ -42,6 +42,7 @@ __all__ = [
     "kl_penalty",
     "entropy_from_logits",
     "logprobs_from_logits",
+    "sum_pi_squared_from_logits",
     "FixedKLController",
     "AdaptiveKLController",
     "get_kl_controller",
@@ -473,6 +474,15 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
         return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
 
     return _rowwise(_ent, logits)
+
+
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """``sum_v softmax(z)_v^2`` over the last dim, as ``exp(logsumexp(2 z) - 2 logsumexp(z))`` (what the optimal token
+    baseline reads; ``actor.calculate_sum_pi_squared``). Shape ``[..., V] -> [...]``, fp32 for half inputs."""
+    def _spsq(z: torch.Tensor) -> torch.Tensor:
+        return torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1))
+
+    return _rowwise(_spsq, logits)
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

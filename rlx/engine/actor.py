@@ -32,16 +32,21 @@ class ActorEngine(FSDPEngine):
                          sp_size=sp_size, sp_key=f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
                          max_micro_batch_tokens=max_micro_batch_tokens)
 
-    def _log_probs(self, mb: Batch, with_entropy: bool):
+    def _log_probs(self, mb: Batch, with_entropy: bool, with_sum_pi_squared: bool = False):
+        if with_sum_pi_squared:
+            return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy,
+                                       with_sum_pi_squared=True)
         return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy)
 
     def compute_log_prob(self, batch: Batch, micro_batch_size: Optional[int], with_entropy: bool = False,
-                         max_token_len: Optional[int] = None) -> Batch:
+                         max_token_len: Optional[int] = None, with_sum_pi_squared: bool = False) -> Batch:
         """Per-token log-probs of `responses` (eval mode, no grad; activation offload untouched), in micro-batches
-        of `micro_batch_size` rows or, with `max_token_len`, of at most that many tokens (dynamic batch size)."""
+        of `micro_batch_size` rows or, with `max_token_len`, of at most that many tokens (dynamic batch size).
+        `with_sum_pi_squared`: also `sum_pi_squared`, `sum_v pi_v^2` per token (actor.calculate_sum_pi_squared)."""
         def fn(mb):
-            lp, ent = self._log_probs(mb, with_entropy)
-            return {"log_probs": lp, **({"entropys": ent} if with_entropy else {})}
+            lp, ent, *spsq = self._log_probs(mb, with_entropy, with_sum_pi_squared)
+            return {"log_probs": lp, **({"entropys": ent} if with_entropy else {}),
+                    **({"sum_pi_squared": spsq[0]} if with_sum_pi_squared else {})}
 
         return self.forward_batch(batch, micro_batch_size, max_token_len, fn)
 

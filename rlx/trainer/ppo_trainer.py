@@ -306,14 +306,14 @@ class RayPPOTrainer:
                                                               mask, self.kl_ctrl, alg.kl_penalty)
             metrics.update(kl_metrics)
         batch.tensors["token_level_rewards"] = rewards
-        keys = alg.gdpo_reward_keys
+        components = [torch.as_tensor(np.asarray(batch[k], dtype=np.float32)) for k in alg.gdpo_reward_keys or []]
         adv, ret = advantages.compute_advantage(
             alg.adv_estimator, token_level_rewards=rewards, response_mask=mask, values=batch.tensors.get("values"),
             index=batch["uid"], gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
             reward_baselines=batch.tensors.get("reward_baselines"), old_log_probs=batch["old_log_probs"],
             sum_pi_squared=batch.tensors.get("sum_pi_squared"),
             rollout_is_weights=batch.tensors.get("rollout_is_weights"),
-            reward_components=None if not keys else [torch.as_tensor(batch[k]) for k in keys],
+            reward_components=components or None,
             reward_weights=alg.gdpo_reward_weights)
         batch.tensors["advantages"], batch.tensors["returns"] = adv, ret
 
