@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -52,7 +53,24 @@ RUNS = {
 # so that every estimator has a non-zero advantage to train on
 RUNS = {name: ["custom_reward_function.path={reward_file}", *overrides] for name, overrides in RUNS.items()}
 ESTIMATORS = list(RUNS)
-LOSS_MODE_RUN = {next(o.split("=")[1] for o in v if "loss_mode=" in o): k for k, v in RUNS.items()}
+
+
+def recipe_overrides(script: str) -> list[str]:
+    """The key=value arguments of a recipe in scripts/ (the lines between `main_ppo` and `"$@"`)."""
+    lines = open(os.path.join(REPO, "scripts", script)).read().split("rlx.trainer.main_ppo", 1)[1]
+    lines = lines.split('"$@"', 1)[0].split("\n")
+    args = [a for line in lines for a in line.replace("\\", " ").split()]
+    return [a for a in args if "=" in a]
+
+
+# the recipes, their algorithm as written, on a smaller batch (one worker here) and the denser reward
+RECIPES = {name: recipe_overrides(f"run_{name}_tiny_cpu.sh") + [
+    "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.logger=[file]",
+    "data.train_batch_size=4", "data.max_response_length=8", "data.val_files=synthetic://digits/size:4/seed:1",
+    "custom_reward_function.path={reward_file}", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"] for name in ("drgrpo", "gspo", "reinforce_pp")}
+RUNS.update({f"recipe_{name}": overrides for name, overrides in RECIPES.items()})
+LOSS_MODE_RUN = {next(o.split("=")[1] for o in RUNS[k] if "loss_mode=" in o): k for k in ESTIMATORS}
 
 # the metrics each loss mode reports (verl's names); gpg reports none
 PG_METRICS = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
@@ -104,6 +122,16 @@ def test_each_loss_mode_trains_and_reports_verls_metrics(runs, mode):
         assert reported == set(REPORTS[mode]), (mode, reported)
     if mode == "clip_cov":  # a band wide enough that every micro-batch drops a token's gradient
         assert all(m["actor/pg_clipfrac"] > 0 for m in steps)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipes_run(runs, name):
+    """scripts/run_{drgrpo,gspo,reinforce_pp}_tiny_cpu.sh: their algorithm keys train through the entry point."""
+    keys = dict(o.split("=", 1) for o in RECIPES[name])
+    assert {"drgrpo": keys["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-sum-norm",
+            "gspo": keys["actor_rollout_ref.actor.policy_loss.loss_mode"] == "gspo",
+            "reinforce_pp": keys["algorithm.adv_estimator"] == "reinforce_plus_plus"}[name]
+    trained(runs, f"recipe_{name}")
 
 
 def test_kl_forms_and_aggregations_ran(runs):

@@ -2,7 +2,7 @@
 
 * remove padding: log-probs, entropy, values and one update's gradients equal the padded path (fp32, 1e-5);
 * micro-batch splits (even, uneven, dynamic by token budget): gradients equal the one-micro-batch gradient (1e-6)
-  for every loss_agg_mode, actor and critic, with activation offload off and on;
+  for every loss_agg_mode (verl's five), actor and critic, with activation offload off and on;
 * the fused (chunked) head: log-probs, entropy and gradients equal the full-logits head (1e-5), temperature != 1,
   chunks smaller and larger than the response.
 """
@@ -17,7 +17,7 @@ from rlx.protocol import Batch
 from rlx.engine.packing import balanced_partition, micro_batches, restore_order, token_inputs
 from conftest import free_port as _free_port
 
-MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def lengths_batch(prompt_lens, resp_lens, prompt=6, resp=9, seed=0, g: torch.Generator | None = None) -> Batch:
