@@ -198,7 +198,8 @@ def test_dppo_kl():
     ("k1", 0.5, 1.0, 0.5), ("kl", 0.5, 1.0, 0.5), ("abs", 0.5, 1.0, 0.5),
     ("k2", 0.125, 0.5, 0.5), ("mse", 0.125, 0.5, 0.5),
     # k3: e^-0.5 + 0.5 - 1 = 0.106531; its own gradient 1 - e^-0.5 = 0.393469
-    ("k3", math.exp(-0.5) - 0.5, 1 - math.exp(-0.5), 0.5), ("low_var_kl", math.exp(-0.5) - 0.5, 1 - math.exp(-0.5), 0.5),
+    ("k3", math.exp(-0.5) - 0.5, 1 - math.exp(-0.5), 0.5),
+    ("low_var_kl", math.exp(-0.5) - 0.5, 1 - math.exp(-0.5), 0.5),
 ])
 def test_kl_estimator_and_its_straight_through_form(kind, value, grad, plus_grad):
     for name, expected_grad in ((kind, grad), (kind + "+", plus_grad)):

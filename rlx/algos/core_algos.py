@@ -389,7 +389,8 @@ def compute_value_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss: ``0.5 * agg(max((v - R)^2, (clip(v, V_old - c, V_old + c) - R)^2))``.
 
-    The aggregation's global counts are ``agg_loss``'s (``GlobalBatchInfo.kwargs()``). Returns ``(vf_loss, vf_clipfrac)`` where ``vf_clipfrac`` (detached) is the fraction of valid tokens
+    The aggregation's global counts are ``agg_loss``'s (``GlobalBatchInfo.kwargs()``). Returns
+    ``(vf_loss, vf_clipfrac)`` where ``vf_clipfrac`` (detached) is the fraction of valid tokens
     on which the clipped error was strictly larger.
     """
     m = _as_bool_mask(response_mask)
