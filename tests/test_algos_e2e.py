@@ -130,9 +130,10 @@ def test_each_loss_mode_trains_and_reports_verls_metrics(runs, mode):
 def test_recipes_run(runs, name):
     """scripts/run_{drgrpo,gspo,reinforce_pp}_tiny_cpu.sh: their algorithm keys train through the entry point."""
     keys = dict(o.split("=", 1) for o in RECIPES[name])
-    assert {"drgrpo": keys["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-sum-norm",
-            "gspo": keys["actor_rollout_ref.actor.policy_loss.loss_mode"] == "gspo",
-            "reinforce_pp": keys["algorithm.adv_estimator"] == "reinforce_plus_plus"}[name]
+    key, value = {"drgrpo": ("actor_rollout_ref.actor.loss_agg_mode", "seq-mean-token-sum-norm"),
+                  "gspo": ("actor_rollout_ref.actor.policy_loss.loss_mode", "gspo"),
+                  "reinforce_pp": ("algorithm.adv_estimator", "reinforce_plus_plus")}[name]
+    assert keys[key] == value
     trained(runs, f"recipe_{name}")
 
 

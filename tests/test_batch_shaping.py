@@ -197,7 +197,12 @@ def _worker(rank, world, port, strategy):
                     g = _capture_grads(e)
                     m = e.update_policy(batch)
                     _close(g, g_one, 1e-6, f"{strategy} actor grads {mode} {name}{tag}")
-                    assert abs(m["actor/pg_loss"] - m_one["actor/pg_loss"]) < 1e-6
+                    # float32 log-probs of other micro-batch shapes: token-sum's loss is a sum over tokens (not a
+                    # mean), so its rounding is relative to that sum
+                    one_loss = m_one["actor/pg_loss"]
+                    tol = 1e-5 * abs(one_loss) if mode == "token-sum" else 1e-6
+                    assert abs(m["actor/pg_loss"] - one_loss) < tol, \
+                        (mode, name, tag, m["actor/pg_loss"], one_loss)
             for name, over in (("rmpad+dynamic", RMPAD + splits["dynamic"] + OFFLOAD),
                                ("fused+rmpad+dynamic", FUSED + RMPAD + splits["dynamic"] + OFFLOAD)):
                 e = _actor(strategy, common + over)
