@@ -33,10 +33,9 @@ class ActorEngine(FSDPEngine):
                          max_micro_batch_tokens=max_micro_batch_tokens)
 
     def _log_probs(self, mb: Batch, with_entropy: bool, with_sum_pi_squared: bool = False):
-        if with_sum_pi_squared:
-            return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy,
-                                       with_sum_pi_squared=True)
-        return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy)
+        """`(log_probs, entropy | None)`, plus `sum_pi_squared` with `with_sum_pi_squared` (see heads)."""
+        return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy,
+                                   with_sum_pi_squared=with_sum_pi_squared)
 
     def compute_log_prob(self, batch: Batch, micro_batch_size: Optional[int], with_entropy: bool = False,
                          max_token_len: Optional[int] = None, with_sum_pi_squared: bool = False) -> Batch:
