@@ -30,8 +30,10 @@ def close(actual, expected, tol=1e-6):
 # ------------------------------------------------------------------------------------------------
 def test_constants():
     assert ca.ADV_ESTIMATORS == ("gae", "grpo", "rloo")
-    assert ca.LOSS_AGG_MODES == ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-    assert ca.KL_PENALTY_TYPES == ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+    assert ca.LOSS_AGG_MODES == ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                                 "seq-mean-token-sum-norm")
+    base = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+    assert ca.KL_PENALTY_TYPES == base + tuple(k + "+" for k in base)
     assert ca.KL_CTRL_TYPES == ("fixed", "adaptive")
 
 
@@ -210,19 +212,39 @@ def test_agg_loss_modes():
     close(ca.agg_loss(t(X), t(M), "token-mean"), 7 / 3)
     close(ca.agg_loss(t(X), t(M), "seq-mean-token-sum"), 3.5)
     close(ca.agg_loss(t(X), t(M), "seq-mean-token-mean"), 2.75)
+    # token-sum 1 + 2 + 4 = 7; seq-mean-token-sum-norm: 3.5 / T (T = 3 columns) or / loss_scale_factor
+    close(ca.agg_loss(t(X), t(M), "token-sum"), 7.0)
+    close(ca.agg_loss(t(X), t(M), "seq-mean-token-sum-norm"), 3.5 / 3)
+    close(ca.agg_loss(t(X), t(M), "seq-mean-token-sum-norm", loss_scale_factor=7), 0.5)
 
 
 def test_agg_loss_with_empty_row():
+    """verl: by itself a fully masked row is not a sequence (the rows with a token are averaged); given the
+    mini-batch's row count (the trainer's global_batch_size, every row) it counts as a sequence of loss 0."""
     x = t(X + [[7.0, 8.0, 9.0]])
     m = t(M + [[0, 0, 0]])
     close(ca.agg_loss(x, m, "token-mean"), 7 / 3)
-    close(ca.agg_loss(x, m, "seq-mean-token-sum"), 7 / 3)  # (3 + 4 + 0) / 3 sequences
-    close(ca.agg_loss(x, m, "seq-mean-token-mean"), 2.75)  # empty sequence excluded
+    close(ca.agg_loss(x, m, "token-sum"), 7.0)
+    close(ca.agg_loss(x, m, "seq-mean-token-sum"), 3.5)  # (3 + 4) / 2 sequences with tokens
+    close(ca.agg_loss(x, m, "seq-mean-token-mean"), 2.75)  # (1.5 + 4) / 2
+    close(ca.agg_loss(x, m, "seq-mean-token-sum", global_batch_size=3), 7 / 3)  # (3 + 4 + 0) / 3 rows
+    close(ca.agg_loss(x, m, "seq-mean-token-mean", global_batch_size=3), 5.5 / 3)  # (1.5 + 4 + 0) / 3
+    close(ca.agg_loss(x, m, "seq-mean-token-sum-norm", global_batch_size=3), 7 / 3 / 3)
+
+
+def test_agg_loss_global_counts():
+    """A micro-batch divides by the mini-batch's counts and multiplies by dp_size (FSDP averages over ranks)."""
+    close(ca.agg_loss(t(X), t(M), "token-mean", dp_size=2, batch_num_tokens=14), 7 / 14 * 2)
+    close(ca.agg_loss(t(X), t(M), "token-sum", dp_size=2), 14.0)
+    close(ca.agg_loss(t(X), t(M), "seq-mean-token-sum", dp_size=2, global_batch_size=8), 7 / 8 * 2)
+    close(ca.agg_loss(t(X), t(M), "seq-mean-token-mean", dp_size=2, global_batch_size=8), 5.5 / 8 * 2)
+    close(ca.agg_loss(t(X), t(M), "seq-mean-token-sum-norm", dp_size=2, global_batch_size=8,
+                      loss_scale_factor=4), 7 / 8 * 2 / 4)
 
 
 def test_agg_loss_unknown_mode():
     with pytest.raises(ValueError, match=r"actor\.loss_agg_mode"):
-        ca.agg_loss(t(X), t(M), "token-sum")
+        ca.agg_loss(t(X), t(M), "seq-sum")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -340,6 +362,8 @@ def test_kl_penalty_low_var_clamped():
 def test_kl_penalty_unknown_names_key():
     with pytest.raises(ValueError, match=r"algorithm\.kl_penalty"):
         ca.kl_penalty(t([1.0]), t([1.0]), "full")
+    with pytest.raises(ValueError, match=r"algorithm\.kl_penalty"):
+        ca.kl_penalty(t([1.0]), t([1.0]), "k3++")
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.kl_loss_type"):
         ca.kl_penalty(t([1.0]), t([1.0]), "k4", key="actor_rollout_ref.actor.kl_loss_type")
 

@@ -89,6 +89,19 @@ def test_fused_head_matches_full_logits(chunk, use, bias):
     assert targets.grad is None
 
 
+@pytest.mark.parametrize("chunk", [None, 1, 8, 1000])
+def test_sum_pi_squared_from_hidden(chunk):
+    """actor.calculate_sum_pi_squared: sum_v pi_v^2 of the temperature-scaled distribution, chunk by chunk equal to
+    the full softmax's (computed here as sum(softmax^2), not the logsumexp form the code uses)."""
+    from rlx.ops.log_prob_head import sum_pi_squared_from_hidden
+
+    hidden, weight, b, _ = _head_inputs(bias=True)
+    expected = torch.softmax(F.linear(hidden, weight, b).double() / 0.7, dim=-1).square().sum(-1)
+    got = sum_pi_squared_from_hidden(hidden, weight, b, 0.7, chunk_size=chunk)
+    assert got.dtype == torch.float32 and not got.requires_grad
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-7)
+
+
 def test_fused_head_only_needed_grads_and_leading_dims():
     hidden, weight, b, targets = _head_inputs(n=24, bias=True)
     weight.requires_grad_(False)

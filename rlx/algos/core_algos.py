@@ -15,6 +15,7 @@ Conventions
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -33,14 +34,15 @@ __all__ = [
     "compute_grpo_outcome_advantage",
     "compute_rloo_outcome_advantage",
     "compute_advantage",
+    "GlobalBatchInfo",
     "agg_loss",
-    "loss_norm_count",
     "compute_policy_loss",
     "compute_value_loss",
     "compute_entropy_loss",
     "kl_penalty",
     "entropy_from_logits",
     "logprobs_from_logits",
+    "sum_pi_squared_from_logits",
     "FixedKLController",
     "AdaptiveKLController",
     "get_kl_controller",
@@ -48,8 +50,11 @@ __all__ = [
 ]
 
 ADV_ESTIMATORS = ("gae", "grpo", "rloo")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+"""The estimators defined in this module; `rlx.algos.advantages.ADV_ESTIMATORS` has every one rlx accepts."""
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_BASE_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_PENALTY_TYPES = KL_BASE_TYPES + tuple(f"{k}+" for k in KL_BASE_TYPES)
+"""Each estimator, and its `+` form: the estimator's value with the gradient of k2 (straight through)."""
 KL_CTRL_TYPES = ("fixed", "adaptive")
 
 # Rows of logits processed at once by the log-prob / entropy helpers (bounds peak fp32 memory).
@@ -232,78 +237,87 @@ def compute_rloo_outcome_advantage(
     return adv, adv
 
 
-def compute_advantage(
-    adv_estimator: str,
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    values: Optional[torch.Tensor] = None,
-    index: Any = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std_in_grpo: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to the estimator named by ``algorithm.adv_estimator``; returns ``(advantages, returns)``."""
-    if adv_estimator == "gae":
-        if values is None:
-            raise ValueError("algorithm.adv_estimator=gae needs critic values (is the critic enabled?)")
-        return compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam)
-    if adv_estimator in ("grpo", "rloo"):
-        if index is None:
-            raise ValueError(f"algorithm.adv_estimator={adv_estimator} needs the group index (prompt uids)")
-        if adv_estimator == "grpo":
-            return compute_grpo_outcome_advantage(
-                token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo
-            )
-        return compute_rloo_outcome_advantage(token_level_rewards, response_mask, index)
-    raise ValueError(f"Unknown algorithm.adv_estimator={adv_estimator!r}; valid choices: {list(ADV_ESTIMATORS)}")
+def compute_advantage(adv_estimator: str, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch to the estimator named by ``algorithm.adv_estimator``; returns ``(advantages, returns)``.
+    Every estimator rlx accepts: see ``rlx.algos.advantages.compute_advantage`` (this is it)."""
+    from rlx.algos.advantages import compute_advantage as dispatch
+
+    return dispatch(adv_estimator, **inputs)
 
 
 # ---------------------------------------------------------------------------------------------------
 # losses
 # ---------------------------------------------------------------------------------------------------
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str,
-             global_norm: Optional[float] = None) -> torch.Tensor:
-    """Reduce a ``[B, T]`` loss matrix to a scalar according to ``actor.loss_agg_mode``.
+@dataclass(frozen=True)
+class GlobalBatchInfo:
+    """What a micro-batch's loss is normalised by, so that the micro-batches of a mini-batch, on every data-parallel
+    rank, add up to the mini-batch's loss (verl's ``global_batch_info``; the engine fills it per mini-batch).
 
-    * ``token-mean``: mean over all valid tokens of the batch.
-    * ``seq-mean-token-sum``: per-sequence sum over valid tokens, then mean over the ``B`` sequences.
-    * ``seq-mean-token-mean``: per-sequence mean over valid tokens, then mean over the sequences that
-      have at least one valid token (0 if none has).
+    FSDP averages gradients over ``dp_size`` ranks, so each rank multiplies its share by ``dp_size``. ``None``
+    counts: the micro-batch is the whole batch (the function-level default, as in verl)."""
 
-    With ``global_norm`` (see ``loss_norm_count``: the count of the whole mini-batch that this batch is one
-    micro-batch of), the sum over this micro-batch is divided by it instead of by the micro-batch's own count.
-    The micro-batches' results then add up to the mini-batch's loss, and so do their gradients, whatever
-    the split.
+    dp_size: int = 1
+    """Ranks whose gradients are averaged."""
+    batch_num_tokens: Optional[float] = None
+    """Valid tokens of the whole mini-batch, over every rank (token-mean)."""
+    global_batch_size: Optional[float] = None
+    """Rows of the whole mini-batch, over every rank, fully masked rows included (the seq-mean-* modes)."""
+    loss_scale_factor: Optional[float] = None
+    """``actor.loss_scale_factor``: the divisor of seq-mean-token-sum-norm (None: the response length)."""
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of ``agg_loss`` (and of the losses that take them, as verl's do)."""
+        return dict(dp_size=self.dp_size, batch_num_tokens=self.batch_num_tokens,
+                    global_batch_size=self.global_batch_size, loss_scale_factor=self.loss_scale_factor)
+
+    def agg(self, loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+        """``agg_loss`` of this micro-batch with these global counts."""
+        return agg_loss(loss_mat, loss_mask, loss_agg_mode, **self.kwargs())
+
+
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str, dp_size: int = 1,
+             batch_num_tokens: Optional[float] = None, global_batch_size: Optional[float] = None,
+             loss_scale_factor: Optional[float] = None) -> torch.Tensor:
+    """Reduce a ``[B, T]`` loss matrix to a scalar according to ``actor.loss_agg_mode`` (verl's modes).
+
+    * ``token-mean``: sum over valid tokens / ``batch_num_tokens`` (default: this batch's valid tokens).
+    * ``token-sum``: sum over valid tokens (no normalisation).
+    * ``seq-mean-token-sum``: per-sequence sum over valid tokens, summed over the sequences, / ``global_batch_size``.
+    * ``seq-mean-token-mean``: per-sequence mean over valid tokens, summed, / ``global_batch_size``.
+    * ``seq-mean-token-sum-norm``: seq-mean-token-sum / ``loss_scale_factor`` (default: ``T``, the padded
+      response length): Dr. GRPO's constant normaliser (Liu et al. 2025, "Understanding R1-Zero-Like Training",
+      https://arxiv.org/abs/2503.20783), which removes the length bias of per-sequence means.
+
+    ``global_batch_size`` defaults to this batch's sequences with at least one valid token. The trainer passes the
+    mini-batch's row count, fully masked rows included (verl's trainer: ``ppo_mini_batch_size * rollout.n``), so a
+    fully masked row counts as a sequence of loss 0. Every mode is multiplied by ``dp_size`` (see
+    ``GlobalBatchInfo``). A batch with nothing to average over gives 0.
     """
     m = _as_bool_mask(loss_mask)
-    if loss_agg_mode == "token-mean":
-        per_unit = loss_mat
-    elif loss_agg_mode == "seq-mean-token-sum":
-        per_unit = masked_sum(loss_mat, m, dim=-1)
-    elif loss_agg_mode == "seq-mean-token-mean":
-        per_unit = masked_mean(loss_mat, m, dim=-1)
-    else:
+    if loss_agg_mode in ("token-mean", "token-sum"):
+        total = masked_sum(loss_mat, m)
+        if loss_agg_mode == "token-mean":
+            count = m.sum() if batch_num_tokens is None else batch_num_tokens
+            total = total / _positive(count, total)
+        return total * dp_size
+    if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"Unknown actor.loss_agg_mode={loss_agg_mode!r}; valid choices: {list(LOSS_AGG_MODES)}")
-    unit_mask = m if loss_agg_mode == "token-mean" else (
-        torch.ones(m.shape[0], dtype=torch.bool, device=m.device) if loss_agg_mode == "seq-mean-token-sum"
-        else m.any(dim=-1))
-    if global_norm is None:
-        return masked_mean(per_unit, unit_mask)
-    return masked_sum(per_unit, unit_mask) / max(float(global_norm), 1.0)
-
-
-def loss_norm_count(loss_mask: torch.Tensor, loss_agg_mode: str) -> int:
-    """What ``agg_loss`` averages over, counted in this batch: valid tokens (token-mean), sequences
-    (seq-mean-token-sum) or sequences with at least one valid token (seq-mean-token-mean)."""
-    m = _as_bool_mask(loss_mask)
-    if loss_agg_mode == "token-mean":
-        return int(m.sum())
-    if loss_agg_mode == "seq-mean-token-sum":
-        return int(m.shape[0])
+    seq_losses = masked_sum(loss_mat, m, dim=-1)
     if loss_agg_mode == "seq-mean-token-mean":
-        return int(m.any(dim=-1).sum())
-    raise ValueError(f"Unknown actor.loss_agg_mode={loss_agg_mode!r}; valid choices: {list(LOSS_AGG_MODES)}")
+        seq_losses = seq_losses / _positive(m.sum(dim=-1), seq_losses)
+    has_tokens = m.any(dim=-1)
+    rows = has_tokens.sum() if global_batch_size is None else global_batch_size
+    loss = masked_sum(seq_losses, has_tokens) / _positive(rows, seq_losses) * dp_size
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        loss = loss / (m.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+    return loss
+
+
+def _positive(count, like: torch.Tensor):
+    """``count`` (a tensor or a number) as a divisor: at least 1 where nothing is counted (0 / 1 = 0, not NaN)."""
+    if isinstance(count, torch.Tensor):
+        return count.clamp(min=1).to(like.dtype)
+    return count if count > 0 else 1
 
 
 def compute_policy_loss(
@@ -316,7 +330,7 @@ def compute_policy_loss(
     cliprange_high: Optional[float] = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
-    global_norm: Optional[float] = None,
+    global_batch: Optional[GlobalBatchInfo] = None,
     rollout_is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate with asymmetric clipping (DAPO clip-higher) and dual clip.
@@ -357,7 +371,7 @@ def compute_policy_loss(
     pg_losses = torch.where(negative, dual_clip_loss, clip_loss)
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    pg_loss = agg_loss(pg_losses, m, loss_agg_mode, global_norm)
+    pg_loss = (global_batch or GlobalBatchInfo()).agg(pg_losses, m, loss_agg_mode)
     return pg_loss, pg_clipfrac.detach(), ppo_kl.detach(), pg_clipfrac_lower.detach()
 
 
@@ -368,18 +382,24 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
-    global_norm: Optional[float] = None,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[float] = None,
+    global_batch_size: Optional[float] = None,
+    loss_scale_factor: Optional[float] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss: ``0.5 * agg(max((v - R)^2, (clip(v, V_old - c, V_old + c) - R)^2))``.
 
-    Returns ``(vf_loss, vf_clipfrac)`` where ``vf_clipfrac`` (detached) is the fraction of valid tokens
+    The aggregation's global counts are ``agg_loss``'s (``GlobalBatchInfo.kwargs()``). Returns
+    ``(vf_loss, vf_clipfrac)`` where ``vf_clipfrac`` (detached) is the fraction of valid tokens
     on which the clipped error was strictly larger.
     """
     m = _as_bool_mask(response_mask)
     vpred_clipped = torch.maximum(torch.minimum(vpreds, values + cliprange_value), values - cliprange_value)
     loss_unclipped = (vpreds - returns) ** 2
     loss_clipped = (vpred_clipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(torch.maximum(loss_unclipped, loss_clipped), m, loss_agg_mode, global_norm)
+    vf_loss = 0.5 * agg_loss(torch.maximum(loss_unclipped, loss_clipped), m, loss_agg_mode, dp_size=dp_size,
+                             batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                             loss_scale_factor=loss_scale_factor)
     vf_clipfrac = masked_mean((loss_clipped > loss_unclipped).to(vpreds.dtype), m)
     return vf_loss, vf_clipfrac.detach()
 
@@ -400,21 +420,31 @@ def kl_penalty(
     * ``low_var_kl`` / ``k3``: ``exp(ref - logprob) - (ref - logprob) - 1`` with the log-ratio clamped
       to [-20, 20] before ``exp`` and the result clamped to [-10, 10].
 
+    * a ``+`` form (``k1+``, ``low_var_kl+``, ...): the estimator's value with the gradient of ``k2``, through
+      ``k2 - sg(k2) + sg(estimate)`` (straight through). k1 and k3 estimate the KL's value without bias but not its
+      gradient; k2's gradient is the unbiased one (verl's ``+`` forms). ``k2+`` / ``mse+`` are ``k2``.
+
     ``key`` only names the config entry in the error raised for an unknown type
     (``actor_rollout_ref.actor.kl_loss_type`` or ``algorithm.kl_penalty``).
     """
-    kind = kl_penalty
+    if kl_penalty not in KL_PENALTY_TYPES:
+        raise ValueError(f"Unknown {key}={kl_penalty!r}; valid choices: {list(KL_PENALTY_TYPES)}")
+    straight_through = kl_penalty.endswith("+")
+    kind = kl_penalty.rstrip("+")
     if kind in ("kl", "k1"):
-        return logprob - ref_logprob
-    if kind == "abs":
-        return (logprob - ref_logprob).abs()
-    if kind in ("mse", "k2"):
-        return 0.5 * (logprob - ref_logprob).square()
-    if kind in ("low_var_kl", "k3"):
+        value = logprob - ref_logprob
+    elif kind == "abs":
+        value = (logprob - ref_logprob).abs()
+    elif kind in ("mse", "k2"):
+        value = 0.5 * (logprob - ref_logprob).square()
+    else:  # low_var_kl / k3
         log_ratio = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
         kld = torch.exp(log_ratio) - log_ratio - 1.0
-        return torch.clamp(kld, min=-10.0, max=10.0)
-    raise ValueError(f"Unknown {key}={kind!r}; valid choices: {list(KL_PENALTY_TYPES)}")
+        value = torch.clamp(kld, min=-10.0, max=10.0)
+    if not straight_through or kind in ("mse", "k2"):
+        return value
+    k2 = 0.5 * (logprob - ref_logprob).square()
+    return k2 - k2.detach() + value.detach()
 
 
 def _rowwise(fn, logits: torch.Tensor, *extra: torch.Tensor, chunk: int = _LOGITS_ROW_CHUNK) -> torch.Tensor:
@@ -449,6 +479,15 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: Optional[int] = None) 
     if chunk_size is not None and chunk_size <= 0:
         raise ValueError(f"entropy chunk_size={chunk_size}: must be a positive number of rows")
     return _rowwise(_ent, logits, chunk=chunk_size or _LOGITS_ROW_CHUNK)
+
+
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """``sum_v softmax(z)_v^2`` over the last dim, as ``exp(logsumexp(2 z) - 2 logsumexp(z))`` (what the optimal token
+    baseline reads; ``actor.calculate_sum_pi_squared``). Shape ``[..., V] -> [...]``, fp32 for half inputs."""
+    def _spsq(z: torch.Tensor) -> torch.Tensor:
+        return torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1))
+
+    return _rowwise(_spsq, logits)
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -241,7 +241,22 @@ class CheckpointContents:
 @dataclass
 class PolicyLossConfig:
     loss_mode: str = "vanilla"
-    """Policy loss: vanilla (PPO clip with dual clip)."""
+    """Policy loss (verl's names; docs/algorithms.md): vanilla (PPO clip, dual clip) | gspo (sequence ratio) |
+    sapo (soft gate, actor.tau_pos/tau_neg) | gpg (REINFORCE) | clip_cov | kl_cov | geo_mean (GMPO) | dro (needs
+    dro_beta) | cispo (clipped, detached IS weight) | dppo_tv | dppo_kl (divergence masks; clip_ratio_* are the
+    divergence bounds, clip_ratio_c the IS truncation)."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: fraction of the valid tokens whose gradient is dropped (among those in the covariance band)."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower bound of the covariance band."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper bound of the covariance band."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: fraction of the valid tokens (largest covariance) that get the |log ratio| penalty."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: coefficient of that |log ratio| penalty."""
+    dro_beta: Optional[float] = None
+    """dro: coefficient of the quadratic log-ratio penalty (required, > 0, with loss_mode=dro)."""
 
 
 @dataclass
@@ -276,18 +291,31 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """Policy loss settings."""
     loss_agg_mode: str = "token-mean"
-    """token-mean | seq-mean-token-sum | seq-mean-token-mean."""
+    """token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm (Dr. GRPO: token
+    sums over a constant, loss_scale_factor). The seq-mean-* modes divide by every row of the mini-batch, a fully
+    masked row included (verl's)."""
+    loss_scale_factor: Optional[int] = None
+    """The constant divisor of seq-mean-token-sum-norm (null: data.max_response_length, the padded response length);
+    the critic's follows it."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient."""
     use_prefix_grouper: bool = False
     """verl key, refused (only False): verl's PrefixGrouper forwards the prompt shared by a group's n responses
     once; see NOT_SUPPORTED_REASONS."""
+    tau_pos: float = 1.0
+    """SAPO (policy_loss.loss_mode=sapo): gate temperature of tokens with a positive advantage."""
+    tau_neg: float = 1.05
+    """SAPO: gate temperature of tokens with a non-positive advantage."""
+    calculate_sum_pi_squared: bool = False
+    """Compute sum_v pi_v^2 per response token with the old log-probs (what optimal_token_baseline reads; required
+    by algorithm.adv_estimator=optimal_token_baseline | tir_optimal_token_baseline)."""
     use_kl_loss: bool = False
     """Add a KL(actor || ref) loss term (GRPO style)."""
     kl_loss_coef: float = 0.001
     """Coefficient of the KL loss."""
     kl_loss_type: str = "low_var_kl"
-    """KL estimator of the loss: kl(k1) | abs | mse(k2) | low_var_kl(k3)."""
+    """KL estimator of the loss: kl(k1) | abs | mse(k2) | low_var_kl(k3), or one of them with a + (k1+, k3+, ...):
+    the estimator's value with k2's gradient (straight through)."""
     ppo_epochs: int = 1
     """Passes over each batch."""
     shuffle: bool = False
@@ -585,7 +613,9 @@ class CriticConfig:
     cliprange_value: float = 0.5
     """Value clip range."""
     loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"
-    """Aggregation of the value loss."""
+    """Aggregation of the value loss (actor.loss_agg_mode's choices)."""
+    loss_scale_factor: Optional[int] = "${actor_rollout_ref.actor.loss_scale_factor}"  # type: ignore[assignment]
+    """The divisor of seq-mean-token-sum-norm for the value loss (follows actor.loss_scale_factor)."""
     checkpoint: CheckpointContents = field(default_factory=CheckpointContents)
     """Checkpoint contents."""
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
@@ -763,13 +793,17 @@ class AlgorithmConfig:
     lam: float = 1.0
     """GAE lambda."""
     adv_estimator: str = "gae"
-    """Advantage estimator: gae | grpo | rloo."""
+    """Advantage estimator (verl's names; docs/algorithms.md): gae | grpo | rloo | reinforce_plus_plus |
+    reinforce_plus_plus_baseline | remax (greedy baseline) | opo | gpg | grpo_passk | grpo_vectorized |
+    rloo_vectorized | optimal_token_baseline | tir_optimal_token_baseline (need actor.calculate_sum_pi_squared) |
+    gdpo (needs gdpo_reward_keys)."""
     norm_adv_by_std_in_grpo: bool = True
-    """Divide GRPO advantages by the group std."""
+    """Divide group-relative advantages by the group std (grpo, grpo_vectorized, grpo_passk, gdpo); False: Dr. GRPO."""
     use_kl_in_reward: bool = False
     """Subtract a KL penalty from the token rewards."""
     kl_penalty: str = "kl"
-    """KL estimator of the in-reward penalty: kl(k1) | abs | mse(k2) | low_var_kl(k3)."""
+    """KL estimator of the in-reward penalty: kl(k1) | abs | mse(k2) | low_var_kl(k3), and their + forms (same
+    values here: the penalty carries no gradient)."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     """KL controller of the in-reward penalty."""
     use_pf_ppo: bool = False
@@ -784,6 +818,11 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO's dynamic sampling (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at
     Scale")."""
+    gdpo_reward_keys: Optional[list] = None
+    """gdpo: the keys of the reward function's dict whose values are the reward components, each normalised within
+    its group on its own (e.g. [format_reward, accuracy_reward]); required with adv_estimator=gdpo."""
+    gdpo_reward_weights: Optional[list] = None
+    """gdpo: one weight per gdpo_reward_keys entry (null: 1 each)."""
 
 
 @dataclass
@@ -905,7 +944,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.actor.use_prefix_grouper": False,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.actor.optim.total_training_steps": -1,
-    "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
     "actor_rollout_ref.hybrid_engine": True,
     "actor_rollout_ref.ref.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": False,  # the ref has no optimizer

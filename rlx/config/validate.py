@@ -9,7 +9,9 @@ import importlib.util
 import json
 import os
 
-from rlx.algos.core_algos import ADV_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
+from rlx.algos.advantages import ADV_ESTIMATORS
+from rlx.algos.core_algos import KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
+from rlx.algos.policy_losses import LOSS_MODES
 from rlx.config.deprecated import DIVIDED_BY, data_parallel_size
 from rlx.config.profiler import TORCH_CONTENTS
 from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, NOT_SUPPORTED_REASONS, RLXConfig
@@ -431,6 +433,41 @@ def _check_algorithm(cfg, errors):
         _choice(errors, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
     if actor.clip_ratio_c <= 1.0:
         errors.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual clip).")
+    _check_policy_loss(cfg, errors)
+    _check_estimator_inputs(cfg, errors)
+
+
+def _check_policy_loss(cfg, errors):
+    actor = cfg.actor_rollout_ref.actor
+    pl, key = actor.policy_loss, "actor_rollout_ref.actor.policy_loss"
+    _choice(errors, f"{key}.loss_mode", pl.loss_mode, LOSS_MODES)
+    if pl.loss_mode == "dro" and (pl.dro_beta is None or not pl.dro_beta > 0):
+        errors.append(f"{key}.loss_mode=dro needs {key}.dro_beta > 0, got {pl.dro_beta}. Fix: {key}.dro_beta=0.1.")
+    if pl.loss_mode == "clip_cov" and not pl.clip_cov_ratio > 0:
+        errors.append(f"{key}.clip_cov_ratio={pl.clip_cov_ratio} must be > 0 with loss_mode=clip_cov.")
+    if pl.loss_mode == "kl_cov" and not pl.kl_cov_ratio > 0:
+        errors.append(f"{key}.kl_cov_ratio={pl.kl_cov_ratio} must be > 0 with loss_mode=kl_cov.")
+    if actor.loss_scale_factor is not None and not actor.loss_scale_factor > 0:
+        errors.append(f"actor_rollout_ref.actor.loss_scale_factor={actor.loss_scale_factor} must be > 0 (or null: "
+                      f"the response length).")
+
+
+def _check_estimator_inputs(cfg, errors):
+    """What an estimator reads beyond the rewards: sum_pi_squared (optimal token baseline), reward components
+    (gdpo)."""
+    alg, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
+    if alg.adv_estimator in ("optimal_token_baseline", "tir_optimal_token_baseline") \
+            and not actor.calculate_sum_pi_squared:
+        errors.append(f"algorithm.adv_estimator={alg.adv_estimator} reads sum_pi_squared from the actor. Fix: "
+                      f"actor_rollout_ref.actor.calculate_sum_pi_squared=True.")
+    if alg.adv_estimator == "gdpo" and not alg.gdpo_reward_keys:
+        errors.append("algorithm.adv_estimator=gdpo normalises each reward component on its own and needs their "
+                      "names. Fix: algorithm.gdpo_reward_keys=[format_reward,accuracy_reward] (keys of the dict "
+                      "your reward function returns).")
+    weights = alg.gdpo_reward_weights
+    if weights is not None and len(weights) != len(alg.gdpo_reward_keys or []):
+        errors.append(f"algorithm.gdpo_reward_weights={list(weights)} needs one weight per "
+                      f"algorithm.gdpo_reward_keys entry ({list(alg.gdpo_reward_keys or [])}).")
     for key in ("actor_rollout_ref.actor.optim.warmup_style", "critic.optim.warmup_style"):
         _choice(errors, key, _get(cfg, key), ("constant", "cosine"))
 

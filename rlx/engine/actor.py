@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from rlx.algos import core_algos
+from rlx.algos.policy_losses import PolicyLossParams, get_policy_loss_fn
 from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig, RefConfig
 from rlx.protocol import Batch
 from rlx.engine.base import FSDPEngine, UpdateSpec
@@ -40,54 +41,58 @@ class ActorEngine(FSDPEngine):
                          max_micro_batch_tokens=max_micro_batch_tokens, entropy_chunk_size=ent_chunk,
                          entropy_checkpointing=ent.entropy_checkpointing)
 
-    def _log_probs(self, mb: Batch, with_entropy: bool):
-        return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy)
+    def _log_probs(self, mb: Batch, with_entropy: bool, with_sum_pi_squared: bool = False):
+        """`(log_probs, entropy | None)`, plus `sum_pi_squared` with `with_sum_pi_squared` (see heads)."""
+        return self.forward_tokens(mb, temperature=self.temperature, with_entropy=with_entropy,
+                                   with_sum_pi_squared=with_sum_pi_squared)
 
     def compute_log_prob(self, batch: Batch, micro_batch_size: Optional[int], with_entropy: bool = False,
-                         max_token_len: Optional[int] = None) -> Batch:
+                         max_token_len: Optional[int] = None, with_sum_pi_squared: bool = False) -> Batch:
         """Per-token log-probs of `responses` (eval mode, no grad; activation offload untouched), in micro-batches
-        of `micro_batch_size` rows or, with `max_token_len`, of at most that many tokens (dynamic batch size)."""
+        of `micro_batch_size` rows or, with `max_token_len`, of at most that many tokens (dynamic batch size).
+        `with_sum_pi_squared`: also `sum_pi_squared`, `sum_v pi_v^2` per token (actor.calculate_sum_pi_squared)."""
         def fn(mb):
-            lp, ent = self._log_probs(mb, with_entropy)
-            return {"log_probs": lp, **({"entropys": ent} if with_entropy else {})}
+            lp, ent, *spsq = self._log_probs(mb, with_entropy, with_sum_pi_squared)
+            return {"log_probs": lp, **({"entropys": ent} if with_entropy else {}),
+                    **({"sum_pi_squared": spsq[0]} if with_sum_pi_squared else {})}
 
         return self.forward_batch(batch, micro_batch_size, max_token_len, fn)
 
     def update_policy(self, batch: Batch) -> dict:
-        """PPO clipped policy update (+ entropy bonus, + KL loss) over mini- and micro-batches."""
+        """Policy update (`policy_loss.loss_mode`, + entropy bonus, + KL loss) over mini- and micro-batches."""
         cfg = self.actor_cfg
+        policy_loss = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+        params = PolicyLossParams.of(cfg)
         need_entropy = cfg.entropy_coeff != 0
         dp = self.world_size // self.sp  # the ranks of a sequence-parallel group share rows
         spec = UpdateSpec(prefix="actor", mini_size=cfg.ppo_mini_batch_size * self.rollout_n // dp,
                           micro_size=cfg.ppo_micro_batch_size_per_gpu,
                           max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
                           epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, seed=cfg.data_loader_seed or 0,
-                          grad_clip=cfg.grad_clip, loss_agg_mode=cfg.loss_agg_mode)
+                          grad_clip=cfg.grad_clip, loss_scale_factor=cfg.loss_scale_factor)
 
-        def loss_fn(mb: Batch, norm: float):
+        def loss_fn(mb: Batch, gb: core_algos.GlobalBatchInfo):
             mask = mb["response_mask"].to(self.device).float()
             # the fused head gives the entropy from the same pass at little cost: always log the real one
             log_prob, entropy = self._log_probs(mb, with_entropy=need_entropy or self.fused)
-            pg_loss, clipfrac, ppo_kl, clipfrac_lower = core_algos.compute_policy_loss(
+            weights = mb.tensors.get("rollout_is_weights")
+            pg_loss, means = policy_loss(
                 old_log_prob=mb["old_log_probs"].to(self.device), log_prob=log_prob,
-                advantages=mb["advantages"].to(self.device), response_mask=mask,
-                cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low, cliprange_high=cfg.clip_ratio_high,
-                clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode, global_norm=norm,
-                rollout_is_weights=mb["rollout_is_weights"].to(self.device) if "rollout_is_weights" in mb else None)
+                advantages=mb["advantages"].to(self.device), response_mask=mask, loss_agg_mode=cfg.loss_agg_mode,
+                config=params, rollout_is_weights=None if weights is None else weights.to(self.device),
+                global_batch=gb)
             loss, shares = pg_loss, {"actor/pg_loss": pg_loss.detach()}
-            means = {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl, "actor/pg_clipfrac_lower": clipfrac_lower}
             if entropy is not None:
-                entropy_loss = core_algos.agg_loss(entropy if need_entropy else entropy.detach(), mask,
-                                                   cfg.loss_agg_mode, norm)
+                entropy_loss = gb.agg(entropy if need_entropy else entropy.detach(), mask, cfg.loss_agg_mode)
                 shares["actor/entropy"] = entropy_loss.detach()
                 if need_entropy:
                     loss = loss - cfg.entropy_coeff * entropy_loss
             else:  # full-logits head without an entropy term: log the mean negative log-prob instead
-                shares["actor/entropy"] = core_algos.agg_loss(-log_prob.detach(), mask, cfg.loss_agg_mode, norm)
+                shares["actor/entropy"] = gb.agg(-log_prob.detach(), mask, cfg.loss_agg_mode)
             if cfg.use_kl_loss:
                 kld = core_algos.kl_penalty(log_prob, mb["ref_log_prob"].to(self.device), cfg.kl_loss_type,
                                             key="actor_rollout_ref.actor.kl_loss_type")
-                kl_loss = core_algos.agg_loss(kld, mask, cfg.loss_agg_mode, norm)
+                kl_loss = gb.agg(kld, mask, cfg.loss_agg_mode)
                 loss = loss + cfg.kl_loss_coef * kl_loss
                 shares["actor/kl_loss"] = kl_loss.detach()
                 means["actor/kl_coef"] = cfg.kl_loss_coef

@@ -220,9 +220,10 @@ class FSDPEngine:
         """The update skeleton shared by actor and critic: for each PPO epoch and mini-batch, micro-batches (by
         count or token budget) run forward + backward inside the offload context; their losses are scaled so
         that the accumulated gradient is the whole mini-batch's (`core_algos.agg_loss` with the mini-batch's
-        count, summed over data-parallel ranks), whatever the split; then one clipped optimizer step.
+        counts over data-parallel ranks, `core_algos.GlobalBatchInfo`), whatever the split; then one clipped
+        optimizer step.
 
-        `loss_fn(mb, global_norm) -> (loss, shares, means)`: `shares` are loss terms scaled like `loss` (summed per
+        `loss_fn(mb, global_batch) -> (loss, shares, means)`: `shares` are loss terms scaled like `loss` (summed per
         mini-batch, which gives the mini-batch's value), `means` per-micro-batch statistics. Returns the
         metrics averaged over mini-batches / micro-batches."""
         self.train_mode(True)
@@ -236,14 +237,17 @@ class FSDPEngine:
             for mini in split_minis(batch, spec.mini_size, spec.epochs, spec.shuffle, spec.seed):
                 mbs, _ = micro_batches(mini, spec.micro_size, self._group_tokens(spec.max_tokens),
                                        agree=self.agree_max)
-                count = sum(core_algos.loss_norm_count(mb["response_mask"], spec.loss_agg_mode) for mb in mbs)
-                # FSDP averages gradients over ranks, so each rank divides by its share of the global count; the
-                # sp ranks of a sequence-parallel group hold the same rows: their tokens count once
-                norm = self._all_reduce(count) / self.sp / world
+                tokens = sum(int(mb["response_mask"].bool().sum()) for mb in mbs)
+                rows = sum(len(mb) for mb in mbs)
+                # FSDP averages gradients over ranks, so each rank's loss is multiplied by the world size; the sp
+                # ranks of a sequence-parallel group hold the same rows: their tokens and rows count once
+                global_batch = core_algos.GlobalBatchInfo(
+                    dp_size=world, batch_num_tokens=self._all_reduce(tokens) / self.sp,
+                    global_batch_size=self._all_reduce(rows) / self.sp, loss_scale_factor=spec.loss_scale_factor)
                 summed: dict[str, float] = {}  # the loss terms of this mini-batch
                 for mb in mbs:
                     with self.micro_batch_context():
-                        loss, shares, means = loss_fn(mb, norm)
+                        loss, shares, means = loss_fn(mb, global_batch)
                         loss.backward()
                     if self.lora is not None:
                         F.restore_frozen_views(self.module)
@@ -321,8 +325,8 @@ class UpdateSpec:
     """Seed of that shuffle."""
     grad_clip: float
     """Max gradient norm."""
-    loss_agg_mode: str
-    """How the loss is averaged (tokens or sequences): sets the micro-batches' weights."""
+    loss_scale_factor: Optional[float] = None
+    """The divisor of seq-mean-token-sum-norm (None: the padded response length)."""
 
 
 def micro_batch_tokens(prompt_length: int, response_length: int, micro_size: Optional[int],

@@ -36,15 +36,15 @@ class CriticEngine(FSDPEngine):
                           micro_size=cfg.ppo_micro_batch_size_per_gpu,
                           max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
                           epochs=cfg.ppo_epochs, shuffle=cfg.shuffle, seed=0, grad_clip=cfg.grad_clip,
-                          loss_agg_mode=cfg.loss_agg_mode)
+                          loss_scale_factor=cfg.loss_scale_factor)
 
-        def loss_fn(mb: Batch, norm: float):
+        def loss_fn(mb: Batch, gb: core_algos.GlobalBatchInfo):
             mask = mb["response_mask"].to(self.device).float()
             vpreds = self._values(mb)
             vf_loss, vf_clipfrac = core_algos.compute_value_loss(
                 vpreds=vpreds, returns=mb["returns"].to(self.device), values=mb["values"].to(self.device),
                 response_mask=mask, cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode,
-                global_norm=norm)
+                **gb.kwargs())
             means = {"critic/vf_clipfrac": vf_clipfrac,
                      "critic/vpred_mean": core_algos.masked_mean(vpreds.detach(), mask)}
             return vf_loss, {"critic/vf_loss": vf_loss.detach()}, means

@@ -79,14 +79,15 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int], *,
     """Replace `model.forward` (an HF causal LM, or a one-label token classifier for the critic); see module doc.
 
     New forward: `(input_ids, position_ids, attention_mask, index, targets=None, temperature=1.0,
-    with_entropy=False, cu_seq_lens=None, sp_index=None)` -> `(log_probs [N], entropy [N] | None)` or `values [N]`.
+    with_entropy=False, cu_seq_lens=None, sp_index=None, with_sum_pi_squared=False)` -> `(log_probs [N], entropy [N]
+    | None)` (plus `sum_pi_squared [N]`, no gradient, with `with_sum_pi_squared`) or `values [N]`.
     `attention_mask` is the `[rows, seq]` padding mask, or None for one packed row with `cu_seq_lens`.
     With Ulysses (`sp_index` given) the ids are this rank's slice of the packed row, `index`/`targets` the
     scored tokens inside it, and the outputs are gathered over the group at `sp_index` (see `ulysses`).
     `entropy_chunk_size` / `entropy_checkpointing`: how the full-logits head (no `chunk_size`) computes the entropy
     (verl's entropy_from_logits_with_chunking / entropy_checkpointing; see `rlx.ops.log_prob_head`).
     """
-    from rlx.ops.log_prob_head import log_probs_from_hidden
+    from rlx.ops.log_prob_head import log_probs_from_hidden, sum_pi_squared_from_hidden
 
     base = model.base_model
     critic = role in ("critic", "reward")  # the one-label head: values, or the reward model's score
@@ -94,7 +95,7 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int], *,
     dropout = getattr(model, "dropout", None) if critic else None
 
     def forward(input_ids, position_ids, attention_mask, index, targets=None, temperature=1.0, with_entropy=False,
-                cu_seq_lens=None, sp_index=None):
+                cu_seq_lens=None, sp_index=None, with_sum_pi_squared=False):
         kwargs = {}
         if cu_seq_lens is not None:
             longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
@@ -115,6 +116,9 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int], *,
                                         chunk_size=chunk_size, with_entropy=with_entropy,
                                         entropy_chunk_size=entropy_chunk_size,
                                         entropy_checkpointing=entropy_checkpointing)
+            if with_sum_pi_squared:
+                out = out + (sum_pi_squared_from_hidden(hidden, head.weight, head.bias, temperature,
+                                                        chunk_size=chunk_size),)
         if sp_index is None:
             return out
         # Ulysses: this rank scored the tokens of its slice; every rank of the group gets all of them, in order

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from rlx.algos import core_algos
 
-__all__ = ["log_probs_from_hidden"]
+__all__ = ["log_probs_from_hidden", "sum_pi_squared_from_hidden"]
 
 
 def log_probs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -76,6 +76,20 @@ def _entropy(logits: torch.Tensor, chunk: Optional[int], checkpointing: bool) ->
 
         return checkpoint(core_algos.entropy_from_logits, logits, chunk, use_reentrant=False)
     return core_algos.entropy_from_logits(logits, chunk)
+@torch.no_grad()
+def sum_pi_squared_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                               temperature: float = 1.0, *, chunk_size: Optional[int]) -> torch.Tensor:
+    """``sum_v pi_v^2`` (float32, no gradient) of ``softmax(linear(hidden, weight, bias) / temperature)`` per token,
+    ``chunk_size`` tokens at a time (None or <= 0: all at once, as the full-logits path)."""
+    lead = hidden.shape[:-1]
+    h = hidden.reshape(-1, hidden.shape[-1])
+    n = h.shape[0]
+    chunk = chunk_size if chunk_size and chunk_size > 0 else max(n, 1)
+    out = torch.empty(n, dtype=torch.float32, device=h.device)
+    for s in range(0, n, chunk):
+        z = F.linear(h[s:s + chunk], weight, bias).float() / temperature
+        out[s:s + chunk] = core_algos.sum_pi_squared_from_logits(z)
+    return out.reshape(lead)
 
 
 def _forward_chunks(h, weight, bias, y, temperature: float, chunk: int, with_entropy: bool):

@@ -15,8 +15,8 @@ import sys
 
 ROLLOUT = ("rollout/wake", "rollout/sync", "rollout/generate", "rollout/sleep")
 """Parts of `gen` measured in the actor worker."""
-PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "testing",
-          "save_checkpoint")
+PHASES = ("gen", "gen_baseline", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
+          "testing", "save_checkpoint")
 """The driver's phases of a step, in order (`timing_s/<phase>`); their sum and the rest make `timing_s/step`."""
 MEMORY = ("sync", "wake", "generate", "sleep", "old_log_prob", "ref", "values", "update_critic", "update_actor")
 """`perf/gpu_memory_gib/after_<phase>`, in the order the phases run."""

@@ -122,12 +122,14 @@ class ActorRolloutRefWorker(Worker):
     @profiled("actor_compute_log_prob", role="actor")
     def compute_log_prob(self, batch: Batch) -> Batch:
         r = self.cfg.actor_rollout_ref.rollout
+        spsq = self.cfg.actor_rollout_ref.actor.calculate_sum_pi_squared
         m: dict = {}
         with self.measured("old_log_prob", m):
             out = self.actor.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu, with_entropy=False,
                                               max_token_len=r.log_prob_max_token_len_per_gpu
-                                              if r.log_prob_use_dynamic_bsz else None)
-        return Batch({"old_log_probs": out["log_probs"]}, meta={"metrics": m})
+                                              if r.log_prob_use_dynamic_bsz else None, with_sum_pi_squared=spsq)
+        extra = {"sum_pi_squared": out["sum_pi_squared"]} if spsq else {}
+        return Batch({"old_log_probs": out["log_probs"], **extra}, meta={"metrics": m})
 
     @profiled("ref_compute_log_prob", role="ref")
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
