@@ -425,6 +425,10 @@ def _check_algorithm(cfg, errors):
     _choice(errors, "algorithm.adv_estimator", alg.adv_estimator, ADV_ESTIMATORS)
     if rollout.n < 1:
         errors.append(f"actor_rollout_ref.rollout.n={rollout.n} must be >= 1 (responses per prompt).")
+    elif alg.adv_estimator == "grpo_passk" and rollout.n < 2:  # verl raises for a group of one at the first step
+        errors.append(f"algorithm.adv_estimator=grpo_passk takes the best two responses of each group and needs "
+                      f"actor_rollout_ref.rollout.n >= 2, got {rollout.n}. Fix: actor_rollout_ref.rollout.n=4 "
+                      f"(or algorithm.adv_estimator=grpo).")
     _choice(errors, "actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
     _choice(errors, "actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES)
     _choice(errors, "algorithm.kl_penalty", alg.kl_penalty, KL_TYPES)
