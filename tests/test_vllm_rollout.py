@@ -366,12 +366,15 @@ def test_worker_wakes_in_stages_around_the_sync(state, monkeypatch):
     from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig
     from rlx.engine.actor import ActorEngine
     from rlx.workers.actor_worker import ActorRolloutRefWorker
+    from rlx.workers.profiling import WorkerProfiler
 
     cfg = load_config(["actor_rollout_ref.rollout.layered_summon=True",
                        "actor_rollout_ref.rollout.multi_stage_wake_up=True"], config_name="quickstart")
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
     worker.cfg, worker.rank, worker.world_size, worker.device = cfg, 0, 1, torch.device("cpu")
     worker.rollout, worker.rollout_name = state.rollout, "vllm"
+    worker.profiler = WorkerProfiler(worker.NAME, {}, cfg.global_profiler, 0, worker.device)  # (traces nothing)
+    worker.agent = None  # the sync rollout (rollout.mode=sync)
     worker.actor = ActorEngine(role="actor", model_cfg=ModelConfig(path=state.path), actor_cfg=ActorConfig(),
                                fsdp_cfg=FSDPConfig(), strategy="fsdp", device=torch.device("cpu"), world_size=1,
                                rollout_n=1, temperature=1.0)
