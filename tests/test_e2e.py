@@ -32,12 +32,26 @@ def assert_trained(history, before, after, critic: bool):
 
 
 def test_grpo_fsdp2_hf_rollout(ray_local, tmp_path):
+    """GRPO on FSDP2 with the HF rollout; its rollouts and validation samples written as verl writes them
+    (trainer.rollout_data_dir / validation_data_dir)."""
+    import json
+
     history, before, after = train(["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.strategy=fsdp2",
                                     "actor_rollout_ref.rollout.name=hf",
-                                    "actor_rollout_ref.rollout.calculate_log_probs=True"], tmp_path)
+                                    "actor_rollout_ref.rollout.calculate_log_probs=True",
+                                    f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",
+                                    f"trainer.validation_data_dir={tmp_path / 'val'}"], tmp_path)
     assert_trained(history, before, after, critic=False)
     for m in history:  # the HF copy was synced from the FSDP actor before generating
         assert m["training/rollout_probs_diff_mean"] < 1e-4, m["training/rollout_probs_diff_mean"]
+    for step, m in enumerate(history, start=1):
+        rows = [json.loads(x) for x in (tmp_path / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        assert len(rows) == 4 * 4 and {r["step"] for r in rows} == {step}  # train_batch_size 4 x rollout.n 4
+        assert set(rows[0]) >= {"input", "output", "gts", "score", "step"}
+        assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(m["critic/score/mean"], abs=1e-6)
+    val = [json.loads(x) for x in (tmp_path / "val" / "2.jsonl").read_text().splitlines()]
+    assert len(val) == 8 and (tmp_path / "val" / "0.jsonl").exists()  # before training and after the last step
+    assert sum(r["score"] for r in val) / len(val) == pytest.approx(history[-1]["val/synthetic/digits/reward/mean"])
 
 
 EXPECTED_TAGS = (

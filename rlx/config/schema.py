@@ -888,9 +888,10 @@ class TrainerConfig:
     for a non-finite gradient norm (actor or critic; counted in actor/skipped_steps, critic/skipped_steps).
     0: never stop."""
     rollout_data_dir: Optional[str] = None
-    """verl key (not supported yet)."""
+    """Write each training step's rollouts to <dir>/<step>.jsonl (input, output, gts, score, step, the reward
+    function's extra values), as verl does; null: none."""
     validation_data_dir: Optional[str] = None
-    """verl key (not supported yet)."""
+    """Write each validation's samples to <dir>/<step>.jsonl (input, output, gts, score, step); null: none."""
     seed: int = 0
     """Seed of model init and sampling."""
 
@@ -972,8 +973,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "algorithm.rollout_correction.bypass_mode": False,
     "trainer.default_hdfs_dir": None,
     "trainer.del_local_ckpt_after_load": False,
-    "trainer.rollout_data_dir": None,
-    "trainer.validation_data_dir": None,
 }
 NOT_SUPPORTED.update(profiler.NOT_SUPPORTED)  # the torch profiler's schedule, vLLM's engine-side trace
 

@@ -242,6 +242,11 @@ class RayPPOTrainer:
         metrics.update(compute_throughput_metrics(int(batch["attention_mask"].sum()), timing["step"],
                                                   self.world_size))
         self.skip_guard.count(metrics, self.global_step)
+        if self.cfg.trainer.rollout_data_dir:  # verl's: the step's rollouts as JSONL, after the update
+            from rlx.trainer.generations import dump_batch
+
+            extras = {k[len("reward_extra/"):]: v for k, v in batch.non_tensors.items() if k.startswith("reward_extra/")}
+            dump_batch(self.cfg.trainer.rollout_data_dir, self.global_step, batch, self.tokenizer, extras)
         return metrics
 
     # ---- steps ----------------------------------------------------------------------------------------
@@ -318,6 +323,10 @@ class RayPPOTrainer:
 
         scores, extra = self.score(batch, metrics)
         batch.tensors["token_level_scores"] = scores
+        if self.cfg.trainer.rollout_data_dir:  # the extras travel with their rows (dynamic sampling drops some)
+            for key, values in extra.items():
+                if len(values) == len(batch):
+                    batch.non_tensors[f"reward_extra/{key}"] = np.asarray(list(values), dtype=object)
         for key in self.cfg.algorithm.gdpo_reward_keys or []:  # gdpo's reward components, one score per row
             if key not in extra:
                 raise TrainingStopped(f"step {self.global_step}: algorithm.gdpo_reward_keys names {key!r}, but the "
@@ -396,11 +405,19 @@ class RayPPOTrainer:
         per_source: dict[str, dict[str, list[float]]] = {}  # data_source -> prompt uid -> its samples' scores
         samples: list[tuple[str, str, float]] = []
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
+        dump_dir = self.cfg.trainer.validation_data_dir
+        dumped: dict[str, list] = {"inputs": [], "outputs": [], "gts": [], "scores": []}
         start = time.perf_counter()
         for prompts in self.val_loader:
             batch = self.generate(prompts, validate=True)
             scores, _ = self.score(batch)
             totals = scores.sum(-1).tolist()
+            if dump_dir:  # verl's validation_data_dir: every validation sample, written once below
+                from rlx.trainer.generations import decoded
+
+                inputs, outputs = decoded(batch, self.tokenizer)
+                for key, values in zip(dumped, (inputs, outputs, list(batch["ground_truth"]), totals)):
+                    dumped[key] += list(values)
             for src, uid, s in zip(batch["data_source"], batch["uid"], totals):
                 per_source.setdefault(str(src), {}).setdefault(uid, []).append(s)
             if self.cfg.trainer.log_val_generations:
@@ -412,6 +429,10 @@ class RayPPOTrainer:
                 out[f"val/{src}/reward/best@{n}"] = float(np.mean([max(g) for g in groups.values()]))
                 out[f"val/{src}/reward/worst@{n}"] = float(np.mean([min(g) for g in groups.values()]))
                 out[f"val/{src}/reward/std@{n}"] = float(np.mean([np.std(g) for g in groups.values()]))
+        if dump_dir:
+            from rlx.trainer.generations import write_generations
+
+            write_generations(dump_dir, self.global_step, **dumped)
         out["timing_s/testing"] = time.perf_counter() - start
         if self.cfg.trainer.log_val_generations:
             self.tracker.log_generations(select_generations(samples, self.cfg.trainer.log_val_generations),
