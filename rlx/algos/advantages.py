@@ -184,6 +184,17 @@ def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, ep
 
 
 @torch.no_grad()
+def _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared, rollout_is_weights):
+    """What both optimal-token-baseline estimators start from: the mask (bool, float), the reward-to-go, and the
+    cumulative weights ``W_t = sum_{s <= t} (1 - 2 pi_s + sum_v pi_v^2)`` (times ``rollout_is_weights^2``)."""
+    m = _as_bool_mask(response_mask)
+    mf = m.to(token_level_rewards.dtype)
+    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+    if rollout_is_weights is not None:
+        w = w * rollout_is_weights.square()
+    return m, mf, _reward_to_go(token_level_rewards, m), (w * mf).cumsum(dim=-1)
+
+
 def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask, index, old_log_probs,
                                              sum_pi_squared, rollout_is_weights=None, handle_zero_tail: bool = True,
                                              epsilon: float = 1e-8):
@@ -194,13 +205,8 @@ def compute_optimal_token_baseline_advantage(token_level_rewards, response_mask,
     when given. ``A_t = G_t - B_t`` with ``G`` the reward-to-go. A one-row group gets no baseline. With
     ``handle_zero_tail``, the tokens of a group's single longest response past the second longest's length get
     baseline 0 (no other response to compare with). Returns ``(advantages, reward-to-go)``."""
-    m = _as_bool_mask(response_mask)
-    mf = m.to(token_level_rewards.dtype)
-    returns = _reward_to_go(token_level_rewards, m)
-    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
-    if rollout_is_weights is not None:
-        w = w * rollout_is_weights.square()
-    w_cum = (w * mf).cumsum(dim=-1)
+    m, mf, returns, w_cum = _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared,
+                                        rollout_is_weights)
     baselines = torch.zeros_like(returns)
     ids, n = _group_ids(index, returns.shape[0])
     for g in range(n):
@@ -233,13 +239,8 @@ def compute_tir_optimal_token_baseline_advantage(token_level_rewards, response_m
     ``optimal_token_baseline``, with positions counted over each response's valid (model-generated) tokens only,
     so that the k-th generated token of every response in the group shares a baseline whatever observation tokens
     sit between them. Rows without a valid token are left out."""
-    m = _as_bool_mask(response_mask)
-    mf = m.to(token_level_rewards.dtype)
-    returns = _reward_to_go(token_level_rewards, m)
-    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
-    if rollout_is_weights is not None:
-        w = w * rollout_is_weights.square()
-    w_cum = (w * mf).cumsum(dim=-1)
+    m, mf, returns, w_cum = _otb_inputs(token_level_rewards, response_mask, old_log_probs, sum_pi_squared,
+                                        rollout_is_weights)
     lengths = m.sum(dim=-1)
     width = int(lengths.max()) if lengths.numel() else 0
     # compact: each row's valid tokens first, in order

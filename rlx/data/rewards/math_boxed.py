@@ -24,6 +24,11 @@ def last_boxed(text: str) -> str | None:
         start = text.rfind("\\fbox")
         if start < 0:
             return None
+    return balanced_from(text, start)
+
+
+def balanced_from(text: str, start: int) -> str | None:
+    """`text` from `start` through the brace that closes the first one opened there, or None if none closes."""
     depth = 0
     for i in range(start, len(text)):
         if text[i] == "{":

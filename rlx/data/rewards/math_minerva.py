@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from rlx.data.rewards.math_boxed import balanced_from
+
 CLIP_CHARS = 300
 BOX_CHARS = 100
 INVALID = "[INVALID]"
@@ -52,15 +54,7 @@ def last_boxed(text: str) -> str | None:
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:i + 1]
-    return None
+    return balanced_from(text, start)
 
 
 def boxed_answer(text: str, pause_tokens_index: list[int] | None = None) -> str | None:
