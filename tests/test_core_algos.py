@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlx.algos import core_algos as ca
+from rlx.algos.advantages import compute_advantage
 
 F64 = torch.float64
 
@@ -183,24 +184,24 @@ def test_rloo():
 
 
 def test_compute_advantage_dispatch():
-    adv, _ = ca.compute_advantage("rloo", token_level_rewards=t(GRPO_R), response_mask=t(GRPO_M), index=GRPO_IDX)
+    adv, _ = compute_advantage("rloo", token_level_rewards=t(GRPO_R), response_mask=t(GRPO_M), index=GRPO_IDX)
     close(adv[:, 0], [0.0, -1.5, 1.5, -2.0, 2.0, 0.5])
-    adv, _ = ca.compute_advantage("grpo", token_level_rewards=t(GRPO_R), response_mask=t(GRPO_M), index=GRPO_IDX,
+    adv, _ = compute_advantage("grpo", token_level_rewards=t(GRPO_R), response_mask=t(GRPO_M), index=GRPO_IDX,
                                   norm_adv_by_std_in_grpo=False)
     close(adv[:, 0], [0.0, -1.0, 1.0, -1.0, 1.0, 0.5])
-    _, ret = ca.compute_advantage("gae", token_level_rewards=t([[0.0, 0.0, 1.0]]), response_mask=torch.ones(1, 3),
+    _, ret = compute_advantage("gae", token_level_rewards=t([[0.0, 0.0, 1.0]]), response_mask=torch.ones(1, 3),
                                   values=t([[0.2, 0.4, 0.6]]), gamma=0.5, lam=0.5)
     close(ret, [[0.2, 0.4, 1.0]])
 
 
 def test_compute_advantage_errors():
     with pytest.raises(ValueError, match=r"algorithm\.adv_estimator") as e:
-        ca.compute_advantage("ppo2", token_level_rewards=t(GRPO_R), response_mask=t(GRPO_M), index=GRPO_IDX)
+        compute_advantage("ppo2", token_level_rewards=t(GRPO_R), response_mask=t(GRPO_M), index=GRPO_IDX)
     assert "gae" in str(e.value) and "grpo" in str(e.value) and "rloo" in str(e.value)
     with pytest.raises(ValueError, match="gae"):
-        ca.compute_advantage("gae", token_level_rewards=t(GRPO_R), response_mask=t(GRPO_M))
+        compute_advantage("gae", token_level_rewards=t(GRPO_R), response_mask=t(GRPO_M))
     with pytest.raises(ValueError, match="grpo"):
-        ca.compute_advantage("grpo", token_level_rewards=t(GRPO_R), response_mask=t(GRPO_M))
+        compute_advantage("grpo", token_level_rewards=t(GRPO_R), response_mask=t(GRPO_M))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlx.algos import core_algos as ca
+from rlx.algos.advantages import compute_advantage
 from rlx.config.schema import DEPRECATED
 from rlx.trainer.main_ppo import main
 
@@ -51,7 +52,7 @@ def test_advantage_of_groups_of_one_is_verls():
         ("rloo", True): scores,
     }
     for (estimator, norm), per_row in expected.items():
-        adv, ret = ca.compute_advantage(estimator, token_level_rewards=rewards, response_mask=mask, index=uids,
+        adv, ret = compute_advantage(estimator, token_level_rewards=rewards, response_mask=mask, index=uids,
                                         norm_adv_by_std_in_grpo=norm)
         want = torch.tensor(per_row, dtype=torch.float32)[:, None] * mask
         torch.testing.assert_close(adv, want, rtol=1e-7, atol=0, msg=f"{estimator} norm={norm}")  # float32 ulps

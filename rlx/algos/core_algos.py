@@ -33,7 +33,6 @@ __all__ = [
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
     "compute_rloo_outcome_advantage",
-    "compute_advantage",
     "GlobalBatchInfo",
     "agg_loss",
     "compute_policy_loss",
@@ -235,14 +234,6 @@ def compute_rloo_outcome_advantage(
     m = _as_bool_mask(response_mask)
     adv = torch.where(m, adv.unsqueeze(-1), torch.zeros((), dtype=adv.dtype, device=adv.device))
     return adv, adv
-
-
-def compute_advantage(adv_estimator: str, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to the estimator named by ``algorithm.adv_estimator``; returns ``(advantages, returns)``.
-    Every estimator rlx accepts: see ``rlx.algos.advantages.compute_advantage`` (this is it)."""
-    from rlx.algos.advantages import compute_advantage as dispatch
-
-    return dispatch(adv_estimator, **inputs)
 
 
 # ---------------------------------------------------------------------------------------------------
