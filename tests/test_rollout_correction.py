@@ -166,3 +166,64 @@ def test_grpo_with_rollout_correction_trains(ray_local, tmp_path):
         assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
         assert m["rollout_corr/rollout_rs_masked_fraction"] == 0.0
         assert abs(m["rollout_corr/kl"]) < 1e-3 and m["actor/grad_norm"] > 0
+
+
+# ---- bypass mode: the rollout's log-probs are the old ones, the correction computed in the loss ----------------
+def _bypass(loss_type, **correction):
+    from rlx.algos.policy_losses import get_policy_loss_fn
+    from rlx.algos.rollout_correction import bypass_policy_loss
+
+    log_prob = torch.tensor([[math.log(1.5), math.log(0.5)]], dtype=torch.float64, requires_grad=True)
+    corr = dict(rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None,
+                rollout_rs_threshold=None)
+    corr.update(correction)
+    loss, metrics = bypass_policy_loss(get_policy_loss_fn("vanilla"), torch.zeros(1, 2, dtype=torch.float64),
+                                       log_prob, torch.tensor([[1.0, -2.0]], dtype=torch.float64),
+                                       torch.ones(1, 2, dtype=torch.float64), "token-mean", None, None, loss_type,
+                                       corr)
+    loss.backward()
+    return loss.item(), log_prob.grad, metrics
+
+
+def test_bypass_reinforce_by_hand():
+    # w = pi / pi_rollout = [1.5, 0.5] (under the 2.0 truncation), no gradient through w;
+    # losses -A * log pi * w = [-ln1.5 * 1.5, 2 * ln0.5 * 0.5], token-mean; d/dlog pi = -A * w / 2 = [-0.75, 0.5]
+    loss, grad, metrics = _bypass("reinforce")
+    assert loss == pytest.approx((-math.log(1.5) * 1.5 + 2 * math.log(0.5) * 0.5) / 2)
+    assert torch.allclose(grad, torch.tensor([[-0.75, 0.5]], dtype=torch.float64))
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0)
+
+
+def test_bypass_ppo_clip_by_hand():
+    # ratio pi / pi_rollout = [1.5, 0.5], clip 0.2: A=1 -> max(-1.5, -1.2) = -1.2 (clipped: no gradient);
+    # A=-2 -> max(2 * 0.5, 2 * 0.8) = 1.6 (clipped), under the dual clip 6: token-mean 0.2; the IS weights are
+    # not applied (the ratio is the correction), only reported
+    loss, grad, metrics = _bypass("ppo_clip")
+    assert loss == pytest.approx(0.2)
+    assert torch.equal(grad, torch.zeros(1, 2, dtype=torch.float64))
+    assert metrics["actor/pg_clipfrac"].item() == pytest.approx(1.0)
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0)
+
+
+def test_bypass_rejection_leaves_tokens_out_of_the_loss():
+    # token_k1 (verl's k1 = log pi_rollout - log pi, bounds on its exp) with 0.4_1.4: exp(k1) = [1/1.5, 2.0], the
+    # second token is rejected; REINFORCE on the first alone: -ln1.5 * 1.5 over one token, d/dlog pi = -A * w = -1.5
+    loss, grad, metrics = _bypass("reinforce", rollout_rs="token_k1", rollout_rs_threshold="0.4_1.4")
+    assert loss == pytest.approx(-math.log(1.5) * 1.5)
+    assert grad[0, 0] == pytest.approx(-1.5) and grad[0, 1] == 0
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(0.5)
+
+
+def test_grpo_in_bypass_mode_trains(ray_local, tmp_path):
+    """bypass_mode through the trainer: no old log-prob pass, the correction's metrics from the actor's loss."""
+    history, before, after = fit_job([
+        "trainer.total_training_steps=2", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "data.val_files=synthetic://digits/size:8/seed:1",
+        "trainer.val_before_train=False", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.calculate_log_probs=True", "algorithm.rollout_correction.bypass_mode=True",
+        "algorithm.rollout_correction.loss_type=reinforce", "algorithm.rollout_correction.rollout_is=token"],
+        tmp_path)
+    assert len(history) == 2 and before != after
+    for m in history:  # weights pi / pi_rollout near 1: the engine was synced, then the first mini-batch's update
+        assert "timing_s/old_log_prob" not in m  # moved the policy a little for the second
+        assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.1) and m["actor/grad_norm"] > 0

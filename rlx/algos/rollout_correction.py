@@ -289,3 +289,36 @@ def rollout_correction(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tenso
         metrics.update(rs_m)
     metrics.update(offpolicy_metrics(old_log_prob, rollout_log_prob, mask))
     return weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
+
+
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
+
+
+def bypass_policy_loss(ppo_clip, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                       response_mask: torch.Tensor, loss_agg_mode: str, config, global_batch, loss_type: str,
+                       correction: dict) -> tuple[torch.Tensor, dict]:
+    """verl's bypass mode (`rollout_correction.bypass_mode`): `old_log_prob` are the rollout engine's own log-probs
+    (no old log-prob pass), and the correction is computed here, per micro-batch, against the current policy:
+    importance weights ``w = pi / pi_rollout`` (`correction`'s rollout_is options, no gradient) and the rejection
+    mask (rollout_rs). `loss_type`:
+    - ppo_clip: `ppo_clip` (the vanilla PPO loss) on the rejection mask; its ratio pi / pi_rollout already is the
+      importance correction, so the weights only feed the metrics;
+    - reinforce: ``-A * log pi * w`` on the rejection mask (the weights as given, 1 without rollout_is).
+    Returns `(loss, metrics)`: the loss's own metrics plus `rollout_corr/*`."""
+    with torch.no_grad():
+        weights, mask, corr_metrics = rollout_correction(log_prob.detach(), old_log_prob, response_mask.bool(),
+                                                         **correction)
+    mask = mask.to(response_mask.dtype)
+    if loss_type == "reinforce":
+        from rlx.algos.core_algos import GlobalBatchInfo, masked_mean
+
+        losses = -advantages * log_prob * (weights if weights is not None else 1.0)
+        loss = (global_batch or GlobalBatchInfo()).agg(losses, mask, loss_agg_mode)
+        metrics = {"actor/ppo_kl": masked_mean((old_log_prob - log_prob).detach(), mask)}
+    elif loss_type == "ppo_clip":
+        loss, metrics = ppo_clip(old_log_prob, log_prob, advantages, mask, loss_agg_mode=loss_agg_mode,
+                                 config=config, rollout_is_weights=None, global_batch=global_batch)
+    else:
+        raise ValueError(f"algorithm.rollout_correction.loss_type={loss_type!r}: choose one of "
+                         f"{list(BYPASS_LOSS_TYPES)}")
+    return loss, {**metrics, **corr_metrics}

@@ -769,9 +769,13 @@ class RolloutCorrectionConfig:
     """Bounds of rollout_rs, one for all options or one per option (comma-separated): k1 takes "lower_upper" ratio
     bounds or an upper one (the lower is its reciprocal); k2 / k3 take one positive upper bound."""
     bypass_mode: bool = False
-    """verl's bypass mode (the rollout's log-probs used as the old ones, no recomputation): not supported yet."""
+    """verl's bypass mode: the rollout engine's log-probs serve as the old log-probs (no old log-prob pass; needs
+    actor_rollout_ref.rollout.calculate_log_probs=True), and the importance weights and rejection mask above are
+    computed in the actor's loss, per micro-batch, against the current policy (loss_type says how they are used)."""
     loss_type: str = "ppo_clip"
-    """The policy loss of bypass_mode (ppo_clip | reinforce); inert without it, as in verl."""
+    """The policy loss of bypass_mode: ppo_clip (PPO's clipped loss with ratio pi / pi_rollout, on the rejection
+    mask; the weights only as metrics) | reinforce (-A * log pi * w, w the importance weights). Inert without
+    bypass_mode, as in verl."""
     rollout_is_batch_normalize: bool = False
     """Divide the importance weights by their mean over the batch's valid tokens (token level) or responses
     (sequence level)."""
@@ -970,7 +974,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "reward_model.model.fsdp_config.fsdp_size": -1,
     "reward_model.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "reward_model.model.fsdp_config.optimizer_offload": False,  # the reward model has no optimizer
-    "algorithm.rollout_correction.bypass_mode": False,
     "trainer.default_hdfs_dir": None,
     "trainer.del_local_ckpt_after_load": False,
 }
@@ -1051,8 +1054,6 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     # so verl scripts that pass lora_alpha/target_modules next to critic lora_rank=0 keep working.
     "critic.model.lora_alpha": "inert without critic.model.lora_rank > 0 (refused), as in verl",
     "critic.model.target_modules": "inert without critic.model.lora_rank > 0 (refused), as in verl",
-    "algorithm.rollout_correction.loss_type": "inert without algorithm.rollout_correction.bypass_mode=True "
-        "(refused), as in verl",
     "trainer.use_legacy_worker_impl": "picks one of verl's two worker implementations, which train the same model; "
                                       "rlx has one (values other than verl's auto | enable | disable are refused)",
 }

@@ -683,7 +683,20 @@ def _check_rollout_correction(cfg, errors):
             parse_rs(rc.rollout_rs, rc.rollout_rs_threshold)
         except ValueError as e:
             errors.append(f"{e}.")
-    if (rc.rollout_is is not None or rc.rollout_rs is not None) and \
+    if rc.bypass_mode:
+        from rlx.algos.rollout_correction import BYPASS_LOSS_TYPES
+
+        _choice(errors, f"{key}.loss_type", rc.loss_type, BYPASS_LOSS_TYPES)
+        if not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+            errors.append(f"{key}.bypass_mode=True uses the rollout engine's log-probs as the old ones, and "
+                          f"actor_rollout_ref.rollout.calculate_log_probs=False. Fix: "
+                          f"actor_rollout_ref.rollout.calculate_log_probs=True.")
+        mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+        if mode != "vanilla":
+            errors.append(f"{key}.bypass_mode=True computes its own loss ({key}.loss_type={rc.loss_type}), and "
+                          f"actor_rollout_ref.actor.policy_loss.loss_mode={mode} would not be used (verl replaces it "
+                          f"silently). Fix: loss_mode=vanilla, or {key}.bypass_mode=False.")
+    elif (rc.rollout_is is not None or rc.rollout_rs is not None) and \
             not cfg.actor_rollout_ref.rollout.calculate_log_probs:
         errors.append(f"{key}.rollout_is={rc.rollout_is!r} / rollout_rs={rc.rollout_rs!r} compare the trainer's "
                       f"log-probs with the rollout engine's, and actor_rollout_ref.rollout.calculate_log_probs=False "

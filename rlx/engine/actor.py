@@ -24,8 +24,9 @@ class ActorEngine(FSDPEngine):
     def __init__(self, *, role: str, model_cfg: ModelConfig, actor_cfg: ActorConfig, fsdp_cfg: FSDPConfig,
                  strategy: str, device: torch.device, world_size: int, rollout_n: int, temperature: float,
                  total_steps: int = 1, sp_size: int = 1, max_micro_batch_tokens: Optional[int] = None,
-                 entropy_cfg: Optional[ActorConfig | RefConfig] = None):
+                 entropy_cfg: Optional[ActorConfig | RefConfig] = None, bypass: Optional[dict] = None):
         self.actor_cfg, self.world_size, self.rollout_n, self.temperature = actor_cfg, world_size, rollout_n, temperature
+        self.bypass = bypass  # rollout_correction.bypass_mode: {loss_type, correction} (rlx.algos.rollout_correction)
         self.fused = model_cfg.use_fused_kernels
         # the full-logits head's entropy (verl's keys of the role: actor.* for the actor, ref.* for the ref)
         ent = entropy_cfg if entropy_cfg is not None else actor_cfg
@@ -76,11 +77,18 @@ class ActorEngine(FSDPEngine):
             # the fused head gives the entropy from the same pass at little cost: always log the real one
             log_prob, entropy = self._log_probs(mb, with_entropy=need_entropy or self.fused)
             weights = mb.tensors.get("rollout_is_weights")
-            pg_loss, means = policy_loss(
-                old_log_prob=mb["old_log_probs"].to(self.device), log_prob=log_prob,
-                advantages=mb["advantages"].to(self.device), response_mask=mask, loss_agg_mode=cfg.loss_agg_mode,
-                config=params, rollout_is_weights=None if weights is None else weights.to(self.device),
-                global_batch=gb)
+            if self.bypass is not None:  # the rollout's log-probs are the old ones; corrected per micro-batch
+                from rlx.algos.rollout_correction import bypass_policy_loss
+
+                pg_loss, means = bypass_policy_loss(
+                    policy_loss, mb["old_log_probs"].to(self.device), log_prob, mb["advantages"].to(self.device),
+                    mask, cfg.loss_agg_mode, params, gb, **self.bypass)
+            else:
+                pg_loss, means = policy_loss(
+                    old_log_prob=mb["old_log_probs"].to(self.device), log_prob=log_prob,
+                    advantages=mb["advantages"].to(self.device), response_mask=mask, loss_agg_mode=cfg.loss_agg_mode,
+                    config=params, rollout_is_weights=None if weights is None else weights.to(self.device),
+                    global_batch=gb)
             loss, shares = pg_loss, {"actor/pg_loss": pg_loss.detach()}
             if entropy is not None:
                 entropy_loss = gb.agg(entropy if need_entropy else entropy.detach(), mask, cfg.loss_agg_mode)

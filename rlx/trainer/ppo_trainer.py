@@ -121,6 +121,7 @@ class RayPPOTrainer:
         pf_ppo = (pf.reweight_method, pf.weight_pow)
         self.pf_ppo = pf_ppo if cfg.algorithm.use_pf_ppo and self.use_critic else None  # verl: after GAE only
         rc = cfg.algorithm.rollout_correction
+        self.bypass = rc.bypass_mode
         self.rollout_corr = dict(rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
                                  rollout_is_batch_normalize=rc.rollout_is_batch_normalize, rollout_rs=rc.rollout_rs,
                                  rollout_rs_threshold=rc.rollout_rs_threshold)
@@ -213,9 +214,12 @@ class RayPPOTrainer:
         with timed("step", timing):
             batch = self.sample(prompts, metrics, timing)
             batch = self.balance_batch(batch, metrics)
-            with timed("old_log_prob", timing):
-                batch = batch.union(worker_metrics(self.actor.compute_log_prob(batch), metrics))
-            if "rollout_log_probs" in batch:
+            if self.bypass:  # rollout_correction.bypass_mode: the rollout's log-probs are the old ones (no pass)
+                batch.tensors["old_log_probs"] = batch["rollout_log_probs"]
+            else:
+                with timed("old_log_prob", timing):
+                    batch = batch.union(worker_metrics(self.actor.compute_log_prob(batch), metrics))
+            if "rollout_log_probs" in batch and not self.bypass:
                 metrics.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"],
                                                   batch["response_mask"]))
             if self.use_ref:
@@ -377,7 +381,7 @@ class RayPPOTrainer:
         """`algorithm.rollout_correction` (verl's decoupled mode), when the rollout returned its log-probs: importance
         weights `rollout_is_weights` for the policy loss, rejected tokens out of `response_mask`, `rollout_corr/*`
         metrics. Returns the response mask (float) the advantages use."""
-        if "rollout_log_probs" in batch:
+        if "rollout_log_probs" in batch and not self.bypass:  # bypass mode corrects inside the actor's loss
             from rlx.algos.rollout_correction import rollout_correction
 
             weights, mask, corr_metrics = rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"],

@@ -36,8 +36,14 @@ class ActorRolloutRefWorker(Worker):
         self.use_ref = arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
         common = dict(model_cfg=arr.model, device=self.device, world_size=self.world_size,
                       rollout_n=arr.rollout.n, temperature=arr.rollout.temperature)
+        rc = self.cfg.algorithm.rollout_correction
+        bypass = dict(loss_type=rc.loss_type, correction=dict(  # the loss of rollout_correction.bypass_mode
+            rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
+            rollout_is_batch_normalize=rc.rollout_is_batch_normalize, rollout_rs=rc.rollout_rs,
+            rollout_rs_threshold=rc.rollout_rs_threshold))
         self.actor = ActorEngine(role="actor", actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
                                  strategy=arr.actor.strategy, total_steps=total_steps,
+                                 bypass=bypass if rc.bypass_mode else None,
                                  sp_size=arr.actor.ulysses_sequence_parallel_size,
                                  max_micro_batch_tokens=role_micro_batch_tokens(self.cfg.data, arr.actor),
                                  **common)
