@@ -22,10 +22,10 @@ import torch
 from rlx.workers.rollout.agent.loop import Request, TokenOutput
 
 
-class HFServer:
-    def __init__(self, rollout, meta: dict, pad_to: int, calc_log_probs: bool):
-        self.rollout, self.meta, self.pad_to, self.calc = rollout, meta, pad_to, calc_log_probs
-        self.gen = torch.Generator(device=rollout.device).manual_seed(int(meta.get("seed", 0)))
+class _QueuedServer:
+    """Requests queue up; one serving task (`_serve`, the engine's own) drains the queue while any are pending."""
+
+    def __init__(self):
         self.pending: deque = deque()
         self.task: Optional[asyncio.Task] = None
         self.requests = 0
@@ -37,6 +37,17 @@ class HFServer:
         if self.task is None or self.task.done():
             self.task = asyncio.ensure_future(self._serve())
         return await fut
+
+    async def _serve(self) -> None:
+        raise NotImplementedError
+
+
+class HFServer(_QueuedServer):
+    def __init__(self, rollout, meta: dict, pad_to: int, calc_log_probs: bool):
+        super().__init__()
+        self.rollout, self.meta, self.pad_to, self.calc = rollout, meta, pad_to, calc_log_probs
+        self.gen = torch.Generator(device=rollout.device).manual_seed(int(meta.get("seed", 0)))
+
 
     async def _serve(self) -> None:
         await asyncio.sleep(0)  # every trajectory that is ready sends its request first
@@ -56,23 +67,14 @@ class HFServer:
                     fut.set_result(TokenOutput(ids, lps if self.calc else None))
 
 
-class VLLMServer:
+class VLLMServer(_QueuedServer):
     def __init__(self, rollout, meta: dict, calc_log_probs: bool):
+        super().__init__()
         self.rollout, self.meta, self.calc = rollout, meta, calc_log_probs
         self.engine = rollout.llm.llm_engine
-        self.pending: deque = deque()
         self.waiting: dict[str, asyncio.Future] = {}
         self.ids = itertools.count()
-        self.task: Optional[asyncio.Task] = None
-        self.requests = 0
 
-    async def generate(self, request: Request) -> TokenOutput:
-        fut = asyncio.get_running_loop().create_future()
-        self.pending.append((request, fut))
-        self.requests += 1
-        if self.task is None or self.task.done():
-            self.task = asyncio.ensure_future(self._serve())
-        return await fut
 
     async def _serve(self) -> None:
         from vllm.inputs import TokensPrompt
