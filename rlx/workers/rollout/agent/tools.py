@@ -17,7 +17,9 @@ the model and `error=True`, never an exception. A hung synchronous function keep
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
+from concurrent.futures import ThreadPoolExecutor
 import importlib.util
 import inspect
 import json
@@ -52,6 +54,10 @@ class BaseTool:
         pass
 
 
+_SYNC_TOOLS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="rlx-tool")
+"""Threads of synchronous function tools, shared by the rollouts of this process."""
+
+
 class FunctionTool:
     """A plain function as a tool (stateless: no create/release)."""
 
@@ -61,7 +67,9 @@ class FunctionTool:
     async def call(self, parameters: dict):
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**parameters)
-        return await asyncio.to_thread(self.fn, **parameters)
+        # not the event loop's default executor: asyncio.run waits for that one at the end of the rollout, so a
+        # sync tool that hangs past its timeout would hold the whole step until it returns
+        return await asyncio.get_running_loop().run_in_executor(_SYNC_TOOLS, functools.partial(self.fn, **parameters))
 
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
