@@ -44,7 +44,11 @@ def free_port() -> int:
 
 
 def _gloo_per_strategy(rank: int, world: int, port: int, root: str, check) -> None:
+    import faulthandler
+
     import torch
+
+    faulthandler.enable()  # a rank that crashes in native code prints its Python stack
 
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -64,7 +68,23 @@ def spawn_per_strategy(check, root: str, world: int = 2) -> None:
     (spawning and importing transformers dominate on CPU); a failure names the strategy and the rank."""
     import torch
 
-    torch.multiprocessing.spawn(_gloo_per_strategy, args=(world, free_port(), root, check), nprocs=world, join=True)
+    try:
+        torch.multiprocessing.spawn(_gloo_per_strategy, args=(world, free_port(), root, check), nprocs=world,
+                                    join=True)
+    except torch.multiprocessing.ProcessExitedException as e:
+        # A rank killed by a signal inside gloo's native code (seen once in ~50 full CPU runs on 2 cores, never
+        # reproduced alone): run the whole check once more, from scratch; a second crash, or any failed
+        # assertion, fails the test. faulthandler printed the crashed rank's stack above.
+        if e.signal_name not in ("SIGSEGV", "SIGBUS", "SIGABRT"):
+            raise
+        import shutil
+        import warnings
+
+        warnings.warn(f"rank {e.error_index} died of {e.signal_name}; running the check once more")
+        for strategy in ("fsdp", "fsdp2"):
+            shutil.rmtree(os.path.join(root, strategy), ignore_errors=True)
+        torch.multiprocessing.spawn(_gloo_per_strategy, args=(world, free_port(), root, check), nprocs=world,
+                                    join=True)
 
 
 def pytest_collection_modifyitems(config, items):
