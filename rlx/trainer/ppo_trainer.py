@@ -161,7 +161,7 @@ class RayPPOTrainer:
         if self.critic is not None:
             self.critic.init_model(self.total_steps)
         if self.rm is not None:
-            self.rm.init_model()
+            self.rm.init_model(self.rollout_name)
 
     def shutdown(self) -> None:
         """Kill the workers and release their placement group."""
