@@ -350,7 +350,9 @@ class RayPPOTrainer:
 
         if self.rm is not None:
             out = worker_metrics(self.rm.compute_rm_score(batch), metrics if metrics is not None else {})
-            return out["rm_scores"], {}
+            # a judge's verdicts travel as a reward extra (in trainer.rollout_data_dir's files, as verl's GenRM
+            # examples return theirs)
+            return out["rm_scores"], ({"judge_verdict": list(out["judge_verdict"])} if "judge_verdict" in out else {})
         try:
             return self.reward_fn(batch)
         except RewardError as e:
