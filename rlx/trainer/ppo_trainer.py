@@ -413,10 +413,11 @@ class RayPPOTrainer:
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
         dump_dir = self.cfg.trainer.validation_data_dir
         dumped: dict[str, list] = {"inputs": [], "outputs": [], "gts": [], "scores": []}
+        dumped_extras: dict[str, list] = {}  # the reward's per-response extras (a judge's verdicts), as verl's
         start = time.perf_counter()
         for prompts in self.val_loader:
             batch = self.generate(prompts, validate=True)
-            scores, _ = self.score(batch)
+            scores, extra = self.score(batch)
             totals = scores.sum(-1).tolist()
             if dump_dir:  # verl's validation_data_dir: every validation sample, written once below
                 from rlx.trainer.generations import decoded
@@ -424,6 +425,9 @@ class RayPPOTrainer:
                 inputs, outputs = decoded(batch, self.tokenizer)
                 for key, values in zip(dumped, (inputs, outputs, list(batch["ground_truth"]), totals)):
                     dumped[key] += list(values)
+                for key, values in extra.items():
+                    if len(values) == len(batch):
+                        dumped_extras.setdefault(key, []).extend(values)
             for src, uid, s in zip(batch["data_source"], batch["uid"], totals):
                 per_source.setdefault(str(src), {}).setdefault(uid, []).append(s)
             if self.cfg.trainer.log_val_generations:
@@ -438,7 +442,7 @@ class RayPPOTrainer:
         if dump_dir:
             from rlx.trainer.generations import write_generations
 
-            write_generations(dump_dir, self.global_step, **dumped)
+            write_generations(dump_dir, self.global_step, **dumped, extras=dumped_extras)
         out["timing_s/testing"] = time.perf_counter() - start
         if self.cfg.trainer.log_val_generations:
             self.tracker.log_generations(select_generations(samples, self.cfg.trainer.log_val_generations),
