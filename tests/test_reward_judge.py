@@ -196,11 +196,28 @@ def test_judge_prompt_longer_than_prompt_length_keeps_its_end(hf_judge, monkeypa
     (["reward_model.rollout.max_model_len=100", "reward_model.rollout.prompt_length=64",
       "reward_model.rollout.response_length=64"], "max_model_len=100 is smaller"),
     (["reward_model.rollout.name=sglang"], "reward_model.rollout.name='sglang'"),
+    (["+reward_model.model.override_config.num_hidden_layers=1"], "override_config=.* is applied to a classifier"),
 ])
 def test_validation_names_the_key_and_the_fix(extra, message):
     with pytest.raises(ValueError, match=message) as e:
         load_config(JUDGE + extra)
     assert "Fix" in str(e.value) or "must" in str(e.value)
+
+
+def test_a_verl_reward_loop_judge_function_is_refused_by_name(tmp_path):
+    """verl's GenRM custom functions call the judge's HTTP router (reward_router_address): refused at load, with
+    rlx's judge as the fix."""
+    from rlx.config.schema import CustomRewardFunctionConfig
+    from rlx.data.reward import load_reward_fn
+
+    f = tmp_path / "genrm.py"
+    f.write_text("async def compute_score(data_source, solution_str, ground_truth, extra_info, reward_router_address,"
+                 " reward_model_tokenizer):\n    return 0.0\n"
+                 "def optional(data_source, solution_str, ground_truth, extra_info, reward_router_address=None):\n"
+                 "    return 1.0\n")
+    with pytest.raises(ValueError, match="takes reward_router_address.*reward_model.judge.enable=True"):
+        load_reward_fn(CustomRewardFunctionConfig(path=str(f)))
+    assert load_reward_fn(CustomRewardFunctionConfig(path=str(f), name="optional"))("s", "x", "y", {}) == 1.0
 
 
 def test_judge_without_reward_model_is_refused():

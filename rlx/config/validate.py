@@ -576,6 +576,10 @@ def _check_judge(cfg, errors):
                 errors.append(f"reward_model.judge.prompt_template has no {missing} field(s): the judge would not see "
                               f"{' and '.join(missing)}. Fix: add " + " and ".join("{" + f + "}" for f in missing)
                               + ".")
+    if rm.model.override_config:
+        errors.append(f"reward_model.model.override_config={dict(rm.model.override_config)!r} is applied to a "
+                      f"classifier only; the judge is loaded as its checkpoint stands. Fix: drop it (or bake the "
+                      f"change into the judge's config.json).")
     if not j.min_score < j.max_score:
         errors.append(f"reward_model.judge.min_score={j.min_score} must be below reward_model.judge.max_score="
                       f"{j.max_score}. Fix: give the score range the template asks for.")

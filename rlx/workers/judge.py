@@ -86,6 +86,10 @@ class Judge:
 
         rm = cfg.reward_model
         self.cfg, self.judge_cfg, self.device = cfg, rm.judge, device
+        if rm.model.external_lib:  # registers a custom architecture before the engine loads the judge
+            import importlib
+
+            importlib.import_module(rm.model.external_lib)
         self.actor_tokenizer = actor_tokenizer
         path = resolve_model_path(rm.model.path)
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=rm.model.trust_remote_code)
