@@ -172,6 +172,35 @@ def test_judge_scores_known_verdicts(hf_judge, monkeypatch):
     assert m["reward/judge_verdict_length/mean"] == (20 + 3 + 9 + 10) / 4  # one token per byte, the EOS too
 
 
+def test_a_custom_reward_function_combines_the_judge_with_a_rule(hf_judge, monkeypatch, tmp_path):
+    """judge.enable with custom_reward_function.path (verl's hybrid: its function calls the judge itself): the
+    function finds the judge's score and verdict in extra_info and its return value is the reward."""
+    from rlx.config.schema import CustomRewardFunctionConfig
+    from rlx.data.judge import with_judge_results
+    from rlx.data.reward import build_reward_manager, load_reward_fn
+    from rlx.data.rm_inputs import place_scores
+
+    judge, tok = hf_judge
+    ids = [tok(v, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for v in ("Score: 8", "Score: 2", "?")]
+    monkeypatch.setattr(judge, "generate", lambda prompts: ids)
+    f = tmp_path / "hybrid.py"
+    f.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                 "    rule = float(solution_str.strip() == ground_truth)\n"
+                 "    return {'score': rule + extra_info['judge_score'] / 10, 'said': extra_info['judge_verdict'],\n"
+                 "            'kept': extra_info['kept']}\n")
+    batch = _batch(tok, ["1+1", "2+2", "3+3"], ["2", "5", "6"], ["2", "4", "6"], width=4)
+    batch.non_tensors["data_source"] = _obj(["x"] * 3)
+    batch.non_tensors["extra_info"] = _obj([{"kept": i} for i in range(3)])
+    judged = judge.score(batch)
+    judged.tensors["rm_scores"] = place_scores(judged["judge_score"], batch["response_mask"])
+    cfg = load_config(JUDGE + [f"custom_reward_function.path={f}"])
+    manager = build_reward_manager(cfg, tok, load_reward_fn(cfg.custom_reward_function))
+    scores, extra = manager(with_judge_results(batch, judged))
+    torch.testing.assert_close(scores.sum(-1), torch.tensor([1.8, 0.2, 1.0]))  # rule + judge / 10 (a failure: 0)
+    assert extra["said"] == ["Score: 8", "Score: 2", "?"] and extra["kept"] == [0, 1, 2]
+    assert batch["extra_info"][0] == {"kept": 0}  # the batch's own rows unchanged
+
+
 def test_judge_prompt_longer_than_prompt_length_keeps_its_end(hf_judge, monkeypatch):
     judge, tok = hf_judge
     monkeypatch.setattr(judge, "prompt_length", 8)
@@ -183,7 +212,6 @@ def test_judge_prompt_longer_than_prompt_length_keeps_its_end(hf_judge, monkeypa
 # ---------------------------------------------------------------------------------------------- validation
 @pytest.mark.parametrize("extra,message", [
     (["reward_model.enable=False"], "reward_model.judge.enable=True needs reward_model.enable=True"),
-    (["custom_reward_function.path=x.py"], "with custom_reward_function.path='x.py'"),
     (["reward_model.judge.prompt_template='{question} only'"], r"has no \['response'\] field"),
     (["reward_model.judge.prompt_template='{question} {response} {answer}'"], r"names \['answer'\]"),
     (["reward_model.judge.prompt_template='{question} {response} {'"], "cannot be read as a str.format template"),

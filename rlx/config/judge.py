@@ -49,8 +49,10 @@ class RewardJudgeConfig:
     enable: bool = False
     """rlx key: the reward model (reward_model.model.path, a causal LM) is a generative judge: it reads a prompt
     built from prompt_template, writes a verdict, and the number parsed from the verdict is the reward (on the
-    response's last valid token, as a discriminative reward model's score). Needs reward_model.enable=True. verl
-    has no such key: there a judge is a reward_model.model.path plus a custom reward function that calls it."""
+    response's last valid token, as a discriminative reward model's score). Needs reward_model.enable=True. With
+    custom_reward_function.path, that function scores instead and finds the judge's judge_score and judge_verdict in
+    each row's extra_info (to combine them with a rule). verl has no such key: there a judge is a
+    reward_model.model.path plus a custom reward function that calls it."""
     prompt_template: Optional[str] = None
     """The judge's user message, a str.format template with {question} and {response} (required) and optionally
     {ground_truth}, {min_score}, {max_score}; it is written with the judge's chat template (generation prompt on).

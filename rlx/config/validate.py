@@ -544,8 +544,8 @@ def _check_reward_model(cfg, errors):
     if rm.max_length is not None and rm.max_length <= 0:
         errors.append(f"reward_model.max_length={rm.max_length} must be positive (or null).")
 def _check_judge(cfg, errors):
-    """reward_model.judge.*: a generative reward model needs the reward model on, no custom reward function (which
-    would score instead), a template with the fields it fills, a score range, and an engine that can serve it."""
+    """reward_model.judge.*: a generative reward model needs the reward model on, a template with the fields it
+    fills, a score range, and an engine that can serve it."""
     from rlx.config.judge import REQUIRED_FIELDS, TEMPLATE_FIELDS, template_fields
 
     rm, j = cfg.reward_model, cfg.reward_model.judge
@@ -554,11 +554,6 @@ def _check_judge(cfg, errors):
     if not rm.enable:
         errors.append("reward_model.judge.enable=True needs reward_model.enable=True (the judge is the reward "
                       "model). Fix: add reward_model.enable=True, or drop reward_model.judge.enable.")
-    if cfg.custom_reward_function.path:
-        errors.append(f"reward_model.judge.enable=True with custom_reward_function.path="
-                      f"{cfg.custom_reward_function.path!r}: with a custom reward function, it scores and the reward "
-                      f"model is not called (verl's precedence), so the judge would never run. Fix: drop one of them "
-                      f"(a custom function that wants the judge's verdict is not supported).")
     if j.prompt_template is not None:
         try:
             fields = template_fields(j.prompt_template)

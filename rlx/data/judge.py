@@ -16,7 +16,10 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+import numpy as np
+
 from rlx.config.judge import TEMPLATE, TEMPLATE_WITH_REFERENCE, RewardJudgeConfig
+from rlx.protocol import Batch
 
 _NUMBER = r"[-+]?\d+(?:\.\d+)?"
 _KEYWORD = re.compile(r"\b(?:score|rating|grade)\b[^\n\d+-]{0,20}?(" + _NUMBER + r")", re.IGNORECASE)
@@ -70,3 +73,19 @@ def render_chat(tokenizer, message: str) -> list[int]:
 
 def _num(x: float):
     return int(x) if float(x).is_integer() else x
+
+
+def with_judge_results(batch: Batch, judged: Batch) -> Batch:
+    """`batch` whose rows' extra_info also hold the judge's `judge_score` (the parsed score, or the failure score:
+    the value the judge alone would give) and `judge_verdict` (its text), for a custom reward function that combines
+    them with a rule (the row's own extra_info dicts are not changed)."""
+    scores = judged["judge_score"].tolist()
+    extras = batch.non_tensors.get("extra_info")
+    rows = []
+    for i in range(len(batch)):
+        info = dict(extras[i]) if extras is not None and isinstance(extras[i], dict) else {}
+        info.update(judge_score=float(scores[i]), judge_verdict=str(judged["judge_verdict"][i]))
+        rows.append(info)
+    out = np.empty(len(rows), dtype=object)
+    out[:] = rows
+    return Batch(dict(batch.tensors), {**batch.non_tensors, "extra_info": out}, dict(batch.meta))

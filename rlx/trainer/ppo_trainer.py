@@ -345,14 +345,19 @@ class RayPPOTrainer:
     def score(self, batch: Batch, metrics: dict | None = None):
         """Token-level scores of a generated batch and the reward function's extra values: the reward model's
         (`reward_model.enable`, verl's precedence: unless a custom reward function is given), else the reward
-        manager's; a reward that is not a finite number stops the run."""
+        manager's (given a judge's score and verdict in each row's extra_info when reward_model.judge.enable); a
+        reward that is not a finite number stops the run."""
+        from rlx.data.judge import with_judge_results
         from rlx.data.reward import RewardError
 
         if self.rm is not None:
             out = worker_metrics(self.rm.compute_rm_score(batch), metrics if metrics is not None else {})
-            # a judge's verdicts travel as a reward extra (in trainer.rollout_data_dir's files, as verl's GenRM
-            # examples return theirs)
-            return out["rm_scores"], ({"judge_verdict": list(out["judge_verdict"])} if "judge_verdict" in out else {})
+            if not (self.cfg.custom_reward_function.path and "judge_score" in out):
+                # a judge's verdicts travel as a reward extra (in trainer.rollout_data_dir's files, as verl's GenRM
+                # examples return theirs)
+                return out["rm_scores"], ({"judge_verdict": list(out["judge_verdict"])} if "judge_verdict" in out
+                                          else {})
+            batch = with_judge_results(batch, out)  # a custom function combines the judge's score (extra_info)
         try:
             return self.reward_fn(batch)
         except RewardError as e:

@@ -64,7 +64,7 @@ class RewardModelWorker(Worker):
         if self.judge is not None:
             with self.measured("reward_model", m):
                 out = self.judge.score(batch)
-            out.tensors["rm_scores"] = place_scores(out.tensors.pop("judge_score"), batch["response_mask"])
+            out.tensors["rm_scores"] = place_scores(out["judge_score"], batch["response_mask"])
             out.meta["metrics"] = m
             return out
         with self.measured("reward_model", m):
