@@ -1,5 +1,6 @@
 """scripts/run_grpo_genrm.sh on one GPU (vLLM 0.22 on the GPU image): GRPO on GSM8K (prepared from $RLX_GSM8K_DIR;
-skipped when unset) with Qwen2.5-0.5B dims and random weights as both the policy and the judge, 3 steps. Every
+skipped when unset) with random weights of Qwen2.5-0.5B dims as the policy and Qwen2.5-1.5B dims as the judge (the
+recipe's sizes), 3 steps. Every
 step's score is the judge's (reward/judge_* reported, the dumped scores the parse of the dumped verdicts), and
 the per-phase timings and GPU memory after the judge's phase are printed. Run with
     RLX_GSM8K_DIR=<dir with train.jsonl/test.jsonl> python -m pytest -m gpu tests/test_reward_judge_gpu.py -x -q -s
@@ -23,7 +24,9 @@ pytestmark = [pytest.mark.gpu,
 
 
 def test_genrm_recipe_on_one_gpu(gsm8k, random_0_5b, tmp_path):  # noqa: F811
-    env = dict(os.environ, MODEL_PATH=random_0_5b, JUDGE_PATH=random_0_5b, DATA_DIR=gsm8k, N_GPUS="1",
+    from rlx.models.random_weights import random_model_dir
+
+    env = dict(os.environ, MODEL_PATH=random_0_5b, JUDGE_PATH=random_model_dir("qwen2.5-1.5b"), DATA_DIR=gsm8k, N_GPUS="1",
                PYTHON=sys.executable, VLLM_ENABLE_V1_MULTIPROCESSING="0", TENSORBOARD_DIR=str(tmp_path / "tb"))
     env.pop("RAY_ADDRESS", None)
     extra = RECIPE_STEPS + ["trainer.logger=[console,file]", f"trainer.default_local_dir={tmp_path}",
