@@ -258,6 +258,15 @@ def main(out_path: str) -> None:
     trainer.rm = RewardModelGroup(InProcessPool(1, 1, "cpu", 1), rm_cfg)
     trainer.rm.init_model()
     trainer.score(trainer.generate(trainer.train_loader.next_batch(), validate=False), {})
+    # the reward model as a generative judge (reward_model.judge.*) on the HF engine; its vLLM engine further down
+    judge_cfg = dataclasses.replace(cfg, reward_model=dataclasses.replace(
+        rm, enable=True, judge=dataclasses.replace(rm.judge, enable=True, prompt_template="{question}={response}?",
+                                                 do_sample=True),
+        rollout=dataclasses.replace(rm.rollout, name="hf", prompt_length=32, response_length=4),
+        model=dataclasses.replace(rm.model, path=arr.model.path)))
+    trainer.rm = RewardModelGroup(InProcessPool(1, 1, "cpu", 1), judge_cfg)
+    trainer.rm.init_model("hf")
+    trainer.score(trainer.generate(trainer.train_loader.next_batch(), validate=False), {})
     # the agent loop (rollout.mode=async, multi_turn.*) on the worker's HF rollout: a tool_agent that calls a tool
     agent_multi_turn(trainer.actor.worker, work)
     # the torch_memory tool of each role, with CUDA's allocator history stood in for
@@ -283,6 +292,11 @@ def main(out_path: str) -> None:
     torch.cuda.memory_reserved = lambda *a: 0
     torch.cuda.empty_cache = lambda: None
     worker._build_rollout("vllm")
+    from rlx.workers.judge import Judge
+
+    vllm_judge = dataclasses.replace(judge_cfg, reward_model=dataclasses.replace(
+        judge_cfg.reward_model, rollout=dataclasses.replace(judge_cfg.reward_model.rollout, name="vllm")))
+    Judge(vllm_judge, worker.tokenizer, rank=0, world_size=1, device=worker.device, rollout_name="vllm")
 
     with open(out_path, "w") as f:
         json.dump({"reads": {k: sorted(v) for k, v in sorted(READS.items())}}, f, indent=1)

@@ -14,54 +14,62 @@ ENGINE_ONLY = ("gpu_memory_utilization", "enforce_eager", "cudagraph_capture_siz
                "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init")
 """`reward_model.rollout.*` keys that tune the engine serving a reward model in verl (vLLM's batching, memory and
 kernels); rlx scores a discriminative reward model with its FSDP worker, whose scores they do not change."""
+JUDGE_ENGINE = ("gpu_memory_utilization", "enforce_eager", "free_cache_engine", "tensor_model_parallel_size",
+                "max_num_batched_tokens", "max_num_seqs", "load_format", "engine_kwargs", "enable_chunked_prefill",
+                "enable_prefix_caching", "disable_log_stats")
+"""The ENGINE_ONLY keys the generative judge's vLLM engine takes (reward_model.judge.enable; rlx.workers.judge)."""
 
 
 @dataclass
 class RewardModelRolloutConfig:
     name: Optional[str] = None
-    """The engine verl serves the reward model with: vllm | hf (rlx scores a discriminative reward model with its
-    FSDP worker either way: the classifier's output at the last token, what vLLM's classify returns); sglang and
-    trtllm are refused."""
+    """The engine verl serves the reward model with: vllm | hf. A generative judge (reward_model.judge.enable)
+    generates with it (null: the actor's rollout engine); a classifier is scored by rlx's FSDP worker either way
+    (its output at the last token, what vLLM's classify returns). sglang and trtllm are refused."""
     dtype: Optional[str] = None
-    """The reward model's dtype (bfloat16 | float16 | float32); null: reward_model.model.fsdp_config.model_dtype."""
+    """The reward model's dtype (bfloat16 | float16 | float32); null: reward_model.model.fsdp_config.model_dtype
+    for a classifier, actor_rollout_ref.rollout.dtype for a judge on GPU (float32 on CPU)."""
     prompt_length: Optional[int] = None
-    """With response_length: the longest conversation the reward model reads (verl's serving max_model_len), when
-    max_model_len and reward_model.max_length are null; a longer one keeps its last tokens."""
+    """A judge: the longest judging prompt, in the judge's tokens (a longer one keeps its last tokens; null: 2048,
+    verl 0.9.1's). A classifier: with response_length, the longest conversation it reads (verl's serving
+    max_model_len), when max_model_len and reward_model.max_length are null; a longer one keeps its last tokens."""
     response_length: Optional[int] = None
-    """See prompt_length."""
+    """A judge: the longest verdict it writes (null: 2048, verl 0.9.1's). A classifier: see prompt_length."""
     max_model_len: Optional[int] = None
-    """The longest conversation the reward model reads (when reward_model.max_length is null)."""
+    """The longest conversation the reward model reads (a classifier, when reward_model.max_length is null; the
+    judge's vLLM max_model_len, null: prompt_length + response_length)."""
     gpu_memory_utilization: Optional[float] = None
-    """verl's serving engine's memory share (engine-only: see NO_OP_BY_DESIGN)."""
+    """The judge's vLLM memory share of the GPU (null: 0.5, verl's); a classifier: inert."""
     enforce_eager: Optional[bool] = None
-    """Serving engine: no CUDA graphs (engine-only)."""
+    """The judge's vLLM engine without CUDA graphs (null: True, verl's reward-model default); a classifier: inert."""
     cudagraph_capture_sizes: Any = None
     """Serving engine: CUDA-graph batch sizes (engine-only)."""
     free_cache_engine: Optional[bool] = None
-    """Serving engine: free its cache between calls (engine-only; rlx's reward model offloads its parameters with
-    reward_model.model.fsdp_config.param_offload)."""
+    """The judge sleeps between scoring calls (vLLM sleep mode; the HF model on the CPU) (null: True); a classifier:
+    inert (its parameters: reward_model.model.fsdp_config.param_offload)."""
     data_parallel_size: Optional[int] = None
-    """Serving engine replicas (engine-only)."""
+    """Serving engine replicas (engine-only: the judge runs one engine per data-parallel group of ranks)."""
     expert_parallel_size: Optional[int] = None
     """Serving engine expert parallelism (engine-only)."""
     tensor_model_parallel_size: Optional[int] = None
-    """Serving engine tensor parallelism (engine-only: the FSDP worker shards over every GPU)."""
+    """The judge's vLLM tensor parallelism (null: 1; it must divide the GPUs); a classifier: inert (the FSDP worker
+    shards over every GPU)."""
     max_num_batched_tokens: Optional[int] = None
-    """Serving engine batching (engine-only; rlx's budget: reward_model.forward_max_token_len_per_gpu)."""
+    """The judge's vLLM batching (null: 8192); a classifier: inert (its budget: forward_max_token_len_per_gpu)."""
     max_num_seqs: Optional[int] = None
-    """Serving engine batching (engine-only; rlx's: reward_model.micro_batch_size_per_gpu)."""
+    """The judge's vLLM batching (null: 1024); a classifier: inert (its: micro_batch_size_per_gpu)."""
     load_format: Optional[str] = None
-    """Serving engine weight loading (engine-only)."""
+    """The judge's vLLM weight loading (null: auto, from reward_model.model.path; dummy formats are refused)."""
     engine_kwargs: Any = None
-    """Serving engine arguments (engine-only)."""
+    """More vLLM engine arguments of the judge ({vllm: {...}} or flat); a classifier: inert."""
     limit_images: Any = None
     """Serving engine multimodal limit (engine-only)."""
     enable_chunked_prefill: Optional[bool] = None
-    """Serving engine prefill (engine-only)."""
+    """The judge's vLLM chunked prefill (null: True); a classifier: inert."""
     enable_prefix_caching: Optional[bool] = None
-    """Serving engine prefix cache (engine-only)."""
+    """The judge's vLLM prefix cache (null: vLLM's default); a classifier: inert."""
     disable_log_stats: Optional[bool] = None
-    """Serving engine logging (engine-only)."""
+    """The judge's vLLM statistics logging (null: off); a classifier: inert."""
     skip_tokenizer_init: Optional[bool] = None
     """Serving engine tokenizer (engine-only)."""
 

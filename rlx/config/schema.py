@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 from rlx.config.agent import AgentLoopConfig, MultiTurnConfig
 from rlx.config.offload import ActivationOffloadConfig
-from rlx.config.reward import ENGINE_ONLY, RewardModelRolloutConfig, RewardSection, SandboxFusionConfig
+from rlx.config.judge import RewardJudgeConfig
+from rlx.config.reward import ENGINE_ONLY, JUDGE_ENGINE, RewardModelRolloutConfig, RewardSection, SandboxFusionConfig
 from rlx.config import profiler
 from rlx.config.profiler import GlobalProfilerConfig, RoleProfilerConfig, RolloutProfilerConfig
 
@@ -674,6 +675,9 @@ class RewardModelConfig:
     reward/non_finite_count)."""
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     """The reward model (with enable=True)."""
+    judge: RewardJudgeConfig = field(default_factory=RewardJudgeConfig)
+    """rlx keys: the reward model as a generative judge (judge.enable=True; its prompt template, score range and
+    sampling). Off: a discriminative reward model (a classifier)."""
     micro_batch_size: Optional[int] = None
     """Deprecated global form of micro_batch_size_per_gpu (divided by the world size, as verl does)."""
     micro_batch_size_per_gpu: Optional[int] = None
@@ -687,13 +691,14 @@ class RewardModelConfig:
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"  # type: ignore[assignment]
     """Token budget of one scoring micro-batch per GPU (use_dynamic_bsz, or no micro_batch_size_per_gpu)."""
     use_reward_loop: Optional[bool] = None
-    """verl: serve the reward model through verl's reward loop (its only way in 0.9.1). rlx scores a discriminative
-    reward model with its own FSDP worker whatever the value: see NO_OP_BY_DESIGN."""
+    """verl: serve the reward model through verl's reward loop (its only way in 0.9.1; it serves a classifier and a
+    judge alike). rlx scores with its own reward-model worker whatever the value: see NO_OP_BY_DESIGN (a judge is
+    reward_model.judge.enable)."""
     num_workers: Optional[int] = None
     """verl: how many CPU processes send requests to the reward model's server (speed only)."""
     rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
     """verl: the engine that serves the reward model (its name, dtype and lengths act in rlx; its serving knobs
-    are engine-only)."""
+    set the generative judge's vLLM engine, and do nothing for a classifier)."""
     enable_resource_pool: bool = False
     """verl: the reward model on GPUs of its own (not supported: rlx colocates it with the actor)."""
     n_gpus_per_node: Optional[int] = None
@@ -1019,16 +1024,15 @@ _ENGINE_STRATEGY = ("inert in verl too: its FSDP actor/critic config overwrites 
 # verl keys that are accepted with any value and do nothing in rlx, each with the reason it is honest to accept
 # them. Keep this short: a key that changes what verl computes is implemented or refused, never listed here.
 NO_OP_BY_DESIGN: dict[str, str] = {
-    "reward_model.use_reward_loop": "verl 0.9.1 serves every reward model through its reward loop; rlx scores a "
-                                    "discriminative one with its FSDP worker either way (the same last-token score)",
-    "reward_model.rollout.name": "vllm | hf both mean rlx's FSDP worker for a discriminative reward model (the same "
-                                 "last-token score vLLM's classify returns); sglang/trtllm are refused by validation",
+    "reward_model.use_reward_loop": "verl 0.9.1 serves every reward model through its reward loop, a classifier "
+                                    "and a judge alike; rlx scores with its reward-model worker either way (the "
+                                    "same last-token score; a judge is chosen by reward_model.judge.enable)",
     "reward_model.num_workers": "speed only: verl's CPU processes that send requests to the reward model's server",
     "reward_model.n_gpus_per_node": "inert without reward_model.enable_resource_pool=True (refused), as in verl",
     "reward_model.nnodes": "inert without reward_model.enable_resource_pool=True (refused), as in verl",
     **{f"reward_model.rollout.{k}": "a knob of the engine serving the reward model in verl (batching, memory, "
-                                    "kernels); rlx's FSDP worker computes the same scores without it"
-       for k in ENGINE_ONLY},
+                                    "kernels) that rlx's judge engine does not take; it changes no score"
+       for k in ENGINE_ONLY if k not in JUDGE_ENGINE},
     "actor_rollout_ref.actor.fsdp_config.use_orig_params": _ORIG_PARAMS,
     "actor_rollout_ref.actor.fsdp_config.strategy": _ENGINE_STRATEGY,
     "actor_rollout_ref.ref.fsdp_config.use_orig_params": _ORIG_PARAMS,

@@ -519,7 +519,8 @@ def _check_reward_model(cfg, errors):
         return
     if not rm.model.path:
         errors.append("reward_model.enable=True needs reward_model.model.path=<a sequence-classification model dir> "
-                      "(or builtin://tiny-qwen2-rm). Fix: set it, or reward_model.enable=False.")
+                      "(or builtin://tiny-qwen2-rm; a causal LM with reward_model.judge.enable=True). Fix: set it, or "
+                      "reward_model.enable=False.")
     if rm.strategy not in STRATEGIES:
         errors.append(f"reward_model.strategy={rm.strategy!r} is not supported; the reward model is sharded with fsdp "
                       f"or fsdp2. Fix: reward_model.strategy=fsdp2.")
@@ -535,12 +536,79 @@ def _check_reward_model(cfg, errors):
     name = rm.rollout.name
     if name not in (None, "vllm", "hf"):
         errors.append(f"reward_model.rollout.name={name!r}: rlx scores a reward model with its FSDP worker (the "
-                      f"classifier's last-token output, what vLLM's classify returns); sglang and trtllm are not "
-                      f"supported. Fix: reward_model.rollout.name=vllm (or leave it out).")
+                      f"classifier's last-token output, what vLLM's classify returns) or generates a judge's "
+                      f"verdicts with vLLM or HF; sglang and trtllm are not supported. Fix: "
+                      f"reward_model.rollout.name=vllm (or hf, or leave it out).")
     if rm.rollout.dtype is not None:
         _choice(errors, "reward_model.rollout.dtype", rm.rollout.dtype, ROLLOUT_DTYPES)
     if rm.max_length is not None and rm.max_length <= 0:
         errors.append(f"reward_model.max_length={rm.max_length} must be positive (or null).")
+def _check_judge(cfg, errors):
+    """reward_model.judge.*: a generative reward model needs the reward model on, a template with the fields it
+    fills, a score range, and an engine that can serve it."""
+    from rlx.config.judge import REQUIRED_FIELDS, TEMPLATE_FIELDS, template_fields
+
+    rm, j = cfg.reward_model, cfg.reward_model.judge
+    if not j.enable:
+        return
+    if not rm.enable:
+        errors.append("reward_model.judge.enable=True needs reward_model.enable=True (the judge is the reward "
+                      "model). Fix: add reward_model.enable=True, or drop reward_model.judge.enable.")
+    if j.prompt_template is not None:
+        try:
+            fields = template_fields(j.prompt_template)
+        except ValueError as e:
+            fields = None
+            errors.append(f"reward_model.judge.prompt_template cannot be read as a str.format template ({e}). Fix: "
+                          f"write a literal brace twice ({{{{ or }}}}).")
+        if fields is not None:
+            unknown = sorted({f for f in fields if f not in TEMPLATE_FIELDS})
+            missing = [f for f in REQUIRED_FIELDS if f not in fields]
+            if unknown:
+                errors.append(f"reward_model.judge.prompt_template names {unknown}, which rlx does not fill. Fix: use "
+                              f"only {list(TEMPLATE_FIELDS)} (a literal brace is written twice).")
+            if missing:
+                errors.append(f"reward_model.judge.prompt_template has no {missing} field(s): the judge would not see "
+                              f"{' and '.join(missing)}. Fix: add " + " and ".join("{" + f + "}" for f in missing)
+                              + ".")
+    if rm.model.override_config:
+        errors.append(f"reward_model.model.override_config={dict(rm.model.override_config)!r} is applied to a "
+                      f"classifier only; the judge is loaded as its checkpoint stands. Fix: drop it (or bake the "
+                      f"change into the judge's config.json).")
+    if not j.min_score < j.max_score:
+        errors.append(f"reward_model.judge.min_score={j.min_score} must be below reward_model.judge.max_score="
+                      f"{j.max_score}. Fix: give the score range the template asks for.")
+    if j.do_sample and j.temperature <= 0:
+        errors.append(f"reward_model.judge.temperature={j.temperature} must be positive with "
+                      f"reward_model.judge.do_sample=True. Fix: a positive temperature, or do_sample=False (greedy).")
+    if not 0 < j.top_p <= 1:
+        errors.append(f"reward_model.judge.top_p={j.top_p} must be in (0, 1].")
+    r = rm.rollout
+    for key in ("prompt_length", "response_length"):
+        if getattr(r, key) is not None and getattr(r, key) <= 0:
+            errors.append(f"reward_model.rollout.{key}={getattr(r, key)} must be positive (or null: 2048).")
+    engine = r.name or cfg.actor_rollout_ref.rollout.name
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        from rlx.config.device import VLLM_INSTALL_HINT
+        errors.append(f"the judge generates with vLLM (reward_model.rollout.name={r.name!r}, "
+                      f"actor_rollout_ref.rollout.name={cfg.actor_rollout_ref.rollout.name!r}) but vLLM is not "
+                      f"installed. {VLLM_INSTALL_HINT} Or use reward_model.rollout.name=hf.")
+    if r.load_format is not None and str(r.load_format).startswith("dummy"):
+        errors.append(f"reward_model.rollout.load_format={r.load_format!r} gives the judge random weights (nothing "
+                      f"is synced into it). Fix: reward_model.rollout.load_format=auto (or leave it out).")
+    tp, gpus = r.tensor_model_parallel_size or 1, cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    if tp < 1 or gpus % tp:
+        errors.append(f"reward_model.rollout.tensor_model_parallel_size={tp} must divide the reward model's GPUs "
+                      f"(trainer.n_gpus_per_node * trainer.nnodes = {gpus}). Fix: a divisor of {gpus}.")
+    elif tp > 1 and cfg.trainer.device == "cpu":
+        errors.append(f"reward_model.rollout.tensor_model_parallel_size={tp} needs GPUs; on CPU every rank runs its "
+                      f"own judge. Fix: reward_model.rollout.tensor_model_parallel_size=1.")
+    need = (r.prompt_length or 2048) + (r.response_length or 2048)
+    if r.max_model_len is not None and r.max_model_len < need:
+        errors.append(f"reward_model.rollout.max_model_len={r.max_model_len} is smaller than the judge's "
+                      f"reward_model.rollout.prompt_length + response_length = {need}. Fix: raise it, or shorten them.")
+
+
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")  # the built-in ones (rlx.workers.rollout.agent)
 TOOL_FORMATS = ("hermes",)
 TRUNCATE_SIDES = ("left", "middle", "right")
@@ -901,6 +969,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_agent(cfg, errors)
     _check_reward(cfg, errors)
     _check_reward_model(cfg, errors)
+    _check_judge(cfg, errors)
     _check_sampling(cfg, errors)
     _check_data_trainer(cfg, errors)
     _check_data_keys(cfg, errors)

@@ -89,9 +89,27 @@ def load_reward_fn(custom_cfg: CustomRewardFunctionConfig, score_kwargs: dict | 
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ValueError(f"custom_reward_function.name={name!r} is not a function in "
                          f"custom_reward_function.path={path!r}; functions there: {found}")
+    _refuse_reward_loop_judge(fn, path, name)
     if custom_cfg.reward_kwargs:
         fn = functools.partial(fn, **custom_cfg.reward_kwargs)
     return fn
+
+
+def _refuse_reward_loop_judge(fn: Callable, path: str, name: str) -> None:
+    """verl's generative-reward-model functions call the judge through verl's reward-loop HTTP router (a required
+    `reward_router_address` argument); rlx has no such server: say so before any step, pointing at rlx's judge."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    wanted = params.get("reward_router_address")
+    if wanted is not None and wanted.default is inspect.Parameter.empty:
+        raise ValueError(f"custom_reward_function.path={path!r}: {name} takes reward_router_address, verl's "
+                         f"reward-loop interface to a judge served over HTTP, which rlx does not have. Fix: use rlx's "
+                         f"built-in judge (reward_model.judge.enable=True, reward_model.judge.prompt_template=...; "
+                         f"docs/reward_model.md) and drop custom_reward_function.path.")
 
 
 def describe_fn(fn: Callable) -> str:

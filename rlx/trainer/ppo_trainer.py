@@ -161,7 +161,7 @@ class RayPPOTrainer:
         if self.critic is not None:
             self.critic.init_model(self.total_steps)
         if self.rm is not None:
-            self.rm.init_model()
+            self.rm.init_model(self.rollout_name)
 
     def shutdown(self) -> None:
         """Kill the workers and release their placement group."""
@@ -345,12 +345,19 @@ class RayPPOTrainer:
     def score(self, batch: Batch, metrics: dict | None = None):
         """Token-level scores of a generated batch and the reward function's extra values: the reward model's
         (`reward_model.enable`, verl's precedence: unless a custom reward function is given), else the reward
-        manager's; a reward that is not a finite number stops the run."""
+        manager's (given a judge's score and verdict in each row's extra_info when reward_model.judge.enable); a
+        reward that is not a finite number stops the run."""
+        from rlx.data.judge import with_judge_results
         from rlx.data.reward import RewardError
 
         if self.rm is not None:
             out = worker_metrics(self.rm.compute_rm_score(batch), metrics if metrics is not None else {})
-            return out["rm_scores"], {}
+            if not (self.cfg.custom_reward_function.path and "judge_score" in out):
+                # a judge's verdicts travel as a reward extra (in trainer.rollout_data_dir's files, as verl's GenRM
+                # examples return theirs)
+                return out["rm_scores"], ({"judge_verdict": list(out["judge_verdict"])} if "judge_verdict" in out
+                                          else {})
+            batch = with_judge_results(batch, out)  # a custom function combines the judge's score (extra_info)
         try:
             return self.reward_fn(batch)
         except RewardError as e:
@@ -411,10 +418,11 @@ class RayPPOTrainer:
         n = self.cfg.actor_rollout_ref.rollout.val_kwargs.n
         dump_dir = self.cfg.trainer.validation_data_dir
         dumped: dict[str, list] = {"inputs": [], "outputs": [], "gts": [], "scores": []}
+        dumped_extras: dict[str, list] = {}  # the reward's per-response extras (a judge's verdicts), as verl's
         start = time.perf_counter()
         for prompts in self.val_loader:
             batch = self.generate(prompts, validate=True)
-            scores, _ = self.score(batch)
+            scores, extra = self.score(batch)
             totals = scores.sum(-1).tolist()
             if dump_dir:  # verl's validation_data_dir: every validation sample, written once below
                 from rlx.trainer.generations import decoded
@@ -422,6 +430,9 @@ class RayPPOTrainer:
                 inputs, outputs = decoded(batch, self.tokenizer)
                 for key, values in zip(dumped, (inputs, outputs, list(batch["ground_truth"]), totals)):
                     dumped[key] += list(values)
+                for key, values in extra.items():
+                    if len(values) == len(batch):
+                        dumped_extras.setdefault(key, []).extend(values)
             for src, uid, s in zip(batch["data_source"], batch["uid"], totals):
                 per_source.setdefault(str(src), {}).setdefault(uid, []).append(s)
             if self.cfg.trainer.log_val_generations:
@@ -436,7 +447,7 @@ class RayPPOTrainer:
         if dump_dir:
             from rlx.trainer.generations import write_generations
 
-            write_generations(dump_dir, self.global_step, **dumped)
+            write_generations(dump_dir, self.global_step, **dumped, extras=dumped_extras)
         out["timing_s/testing"] = time.perf_counter() - start
         if self.cfg.trainer.log_val_generations:
             self.tracker.log_generations(select_generations(samples, self.cfg.trainer.log_val_generations),

@@ -98,8 +98,11 @@ def preflight(cfg: RLXConfig) -> DriverInputs:
 
 # ---------------------------------------------------------------------------------------------- models
 def uses_reward_model(cfg: RLXConfig) -> bool:
-    """verl's precedence: the reward model scores when enabled and no custom reward function is given."""
-    return cfg.reward_model.enable and not cfg.custom_reward_function.path
+    """verl's precedence: the reward model scores when enabled and no custom reward function is given; a judge
+    (reward_model.judge.enable) runs with a custom function too, which reads its verdict (verl's GenRM functions
+    call the judge themselves)."""
+    rm = cfg.reward_model
+    return rm.enable and (not cfg.custom_reward_function.path or rm.judge.enable)
 
 
 def _check_model(key: str, path: str, problems: list[str], weights: bool = True) -> str | None:

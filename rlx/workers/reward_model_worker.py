@@ -1,5 +1,6 @@
-"""The reward-model worker: scores generated responses with a learned reward model (FSDP, no optimizer); and
-`RewardModelGroup`, the driver's typed handle on its ranks."""
+"""The reward-model worker: scores generated responses with a learned reward model (FSDP, no optimizer), or with a
+generative judge (`reward_model.judge.enable`: rlx.workers.judge); and `RewardModelGroup`, the driver's typed handle
+on its ranks."""
 from __future__ import annotations
 
 from rlx.config.schema import RLXConfig
@@ -27,7 +28,9 @@ class RewardModelWorker(Worker):
     def profiler_roles(self) -> dict:
         return {}  # verl 0.9.1's reward model has no profiler keys (it is served outside the trainer's workers)
 
-    def init_model(self) -> None:
+    def init_model(self, rollout_name: str = "hf") -> None:
+        """Build the reward model (a judge generates with reward_model.rollout.name, else with `rollout_name`, the
+        actor's rollout engine)."""
         from transformers import AutoTokenizer
 
         from rlx.data.rm_inputs import same_tokenizer
@@ -35,11 +38,18 @@ class RewardModelWorker(Worker):
         from rlx.models import resolve_model_path
 
         rm, arr = self.cfg.reward_model, self.cfg.actor_rollout_ref
-        self.rm = RewardModelEngine(rm_cfg=rm, strategy=rm.strategy, device=self.device, world_size=self.world_size)
         actor_path = resolve_model_path(rm.model.input_tokenizer or self.cfg.data.tokenizer or arr.model.path)
         self.actor_tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=arr.model.trust_remote_code)
         if arr.model.custom_chat_template:
             self.actor_tokenizer.chat_template = arr.model.custom_chat_template
+        self.judge = None
+        if rm.judge.enable:
+            from rlx.workers.judge import Judge
+
+            self.judge = Judge(self.cfg, self.actor_tokenizer, rank=self.rank, world_size=self.world_size,
+                               device=self.device, rollout_name=rollout_name)
+            return
+        self.rm = RewardModelEngine(rm_cfg=rm, strategy=rm.strategy, device=self.device, world_size=self.world_size)
         self.rm_tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(rm.model.path),
                                                           trust_remote_code=rm.model.trust_remote_code)
         self.retemplate = rm.model.input_tokenizer is not None or \
@@ -51,6 +61,12 @@ class RewardModelWorker(Worker):
 
         rm = self.cfg.reward_model
         m: dict = {}
+        if self.judge is not None:
+            with self.measured("reward_model", m):
+                out = self.judge.score(batch)
+            out.tensors["rm_scores"] = place_scores(out["judge_score"], batch["response_mask"])
+            out.meta["metrics"] = m
+            return out
         with self.measured("reward_model", m):
             inputs = retemplated(batch, self.actor_tokenizer, self.rm_tokenizer, max_conversation_tokens(self.cfg)) \
                 if self.retemplate else actor_sequences(batch)
@@ -67,10 +83,34 @@ class RewardModelGroup(WorkerGroup):
 
     def __init__(self, pool: ResourcePool, cfg: RLXConfig):
         super().__init__(RewardModelWorker, pool, cfg)
+        self.rm_cfg, self.rollout_name = cfg, "hf"  # rollout_name: the actor's engine, set by init_model
 
-    def init_model(self) -> None:
-        self.run_all(RewardModelWorker.init_model)
+    def init_model(self, rollout_name: str = "hf") -> None:
+        self.rollout_name = rollout_name
+        self.run_all(RewardModelWorker.init_model, rollout_name)
 
     def compute_rm_score(self, batch: Batch) -> Batch:
-        """`rm_scores` of every response (token-level, on its last valid token)."""
-        return self.run_dp(RewardModelWorker.compute_rm_score, batch)
+        """`rm_scores` of every response (token-level, on its last valid token); a judge's verdicts too
+        (`judge_verdict`), with its counts in the call's metrics (reward/judge_*)."""
+        from rlx.workers.judge import judge_engine, judge_tp
+
+        cfg = self.rm_cfg
+        judge = cfg.reward_model.judge.enable
+        vllm_tp = judge_tp(cfg) if judge and judge_engine(cfg, self.rollout_name) == "vllm" else 1
+        out = self.run_dp(RewardModelWorker.compute_rm_score, batch, replicas=vllm_tp)
+        if judge:
+            out.meta.setdefault("metrics", {}).update(judge_metrics(out))
+        return out
+
+
+def judge_metrics(out: Batch) -> dict:
+    """The judge's counts over the whole batch (taken out of `out`): parse failures (responses scored
+    reward_model.judge.failure_score), verdicts cut at reward_model.rollout.response_length, the verdicts' mean
+    length in tokens, judging prompts cut to reward_model.rollout.prompt_length."""
+    failed, clipped, tokens, cut = (out.tensors.pop(k) for k in ("judge_failed", "judge_clipped", "judge_tokens",
+                                                                 "judge_prompt_cut"))
+    return {"reward/judge_parse_failures": float(failed.sum()),
+            "reward/judge_parse_failure_ratio": float(failed.mean()) if len(failed) else 0.0,
+            "reward/judge_verdicts_clipped": float(clipped.sum()),
+            "reward/judge_prompts_cut": float(cut.sum()),
+            "reward/judge_verdict_length/mean": float(tokens.mean()) if len(tokens) else 0.0}
