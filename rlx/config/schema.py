@@ -843,7 +843,8 @@ class TrainerConfig:
     experiment_name: str = "gsm8k"
     """Experiment name (loggers, checkpoint dir)."""
     logger: list = field(default_factory=lambda: ["console", "wandb"])
-    """Loggers: console | file (metrics.jsonl under <default_local_dir>/logs) | tensorboard | wandb."""
+    """Loggers: console | file (metrics.jsonl under <default_local_dir>/logs) | tensorboard | wandb | swanlab (the
+    optional extra rlx[swanlab]; wandb and swanlab log offline to <default_local_dir>/logs without an API key)."""
     log_val_generations: int = 0
     """Validation samples (prompt, response, score) logged per validation, chosen as verl does (sorted, then
     shuffled with seed 42): printed by the console logger, a text/table entry for tensorboard/wandb, a

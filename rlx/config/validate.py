@@ -20,7 +20,7 @@ STRATEGIES = ("fsdp", "fsdp2")
 VERL_ENGINE_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")  # the values verl's FSDP engine config accepts
 ROLLOUT_NAMES = ("auto", "vllm", "hf")  # sglang: refused by name (_check_agent)
 TRUNCATIONS = ("error", "left", "right", "middle")
-LOGGERS = ("console", "file", "tensorboard", "wandb")
+LOGGERS = ("console", "file", "tensorboard", "wandb", "swanlab")
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -726,6 +726,10 @@ def _check_data_trainer(cfg, errors):
     if "wandb" in loggers and importlib.util.find_spec("wandb") is None:  # a dependency: a broken install only
         errors.append("trainer.logger includes wandb but wandb is not installed (a dependency of rlx): "
                       "pip install wandb (or drop it from trainer.logger).")
+    if "swanlab" in loggers and importlib.util.find_spec("swanlab") is None:  # an optional extra
+        errors.append("trainer.logger=swanlab needs the swanlab package, an optional extra of rlx that is not "
+                      "installed. Fix: pip install swanlab (or pip install 'rlx[swanlab]'), or drop swanlab from "
+                      "trainer.logger.")
     if t.total_training_steps is not None and t.total_training_steps <= 0:
         errors.append(f"trainer.total_training_steps={t.total_training_steps} must be positive or null.")
 
@@ -839,7 +843,7 @@ def in_ray_job() -> bool:
 def local_dir_writers(cfg) -> list[str]:
     """What the job will write under `trainer.default_local_dir` (empty: nothing, so its path does not matter):
     checkpoints, the file logger, tensorboard's event files (unless TENSORBOARD_DIR names their place), wandb's
-    local files (unless WANDB_DIR does)."""
+    local files (unless WANDB_DIR does), swanlab's (unless SWANLAB_LOG_DIR does)."""
     t = cfg.trainer
     loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
     writers = []
@@ -851,6 +855,8 @@ def local_dir_writers(cfg) -> list[str]:
         writers.append("tensorboard event files (trainer.logger has tensorboard, TENSORBOARD_DIR is unset)")
     if "wandb" in loggers and not os.environ.get("WANDB_DIR"):
         writers.append("wandb's local files (trainer.logger has wandb, WANDB_DIR is unset)")
+    if "swanlab" in loggers and not os.environ.get("SWANLAB_LOG_DIR"):
+        writers.append("swanlab's local files (trainer.logger has swanlab, SWANLAB_LOG_DIR is unset)")
     return writers
 
 
@@ -873,8 +879,8 @@ def _check_output_paths(cfg, errors):
     if cfg.ray_init.timeline_json_file:
         paths["ray_init.timeline_json_file"] = (cfg.ray_init.timeline_json_file, "Ray's timeline is written there")
     loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-    env_keys = (["TENSORBOARD_DIR"] if "tensorboard" in loggers else []) + (["WANDB_DIR"] if "wandb" in loggers
-                                                                              else [])
+    env_keys = [k for name, k in (("tensorboard", "TENSORBOARD_DIR"), ("wandb", "WANDB_DIR"),
+                                  ("swanlab", "SWANLAB_LOG_DIR")) if name in loggers]
     paths.update({f"the environment variable {k}": (os.environ.get(k), "logs go there") for k in env_keys})
     for key, (path, why) in paths.items():
         if path and not os.path.isabs(os.path.expanduser(path)):
