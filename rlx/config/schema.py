@@ -299,6 +299,10 @@ class ActorConfig:
     the critic's follows it."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient."""
+    freeze_vision_tower: bool = False
+    """Do not train the vision encoder of a vision-language policy (its `visual` / `vision_tower` module), as verl:
+    its parameters stop requiring gradients after the model (and LoRA) is built. A model without one trains whole,
+    with one note (rlx.engine.vision)."""
     use_prefix_grouper: bool = False
     """verl key, refused (only False): verl's PrefixGrouper forwards the prompt shared by a group's n responses
     once; see NOT_SUPPORTED_REASONS."""
@@ -419,6 +423,22 @@ class CheckpointEngineConfig:
 
 
 @dataclass
+class TraceConfig:
+    backend: Optional[str] = None
+    """verl key, refused (only null): verl records each agent-loop trajectory to a tracing service (weave | mlflow);
+    rlx has no rollout tracing (see NOT_SUPPORTED_REASONS). The other trace keys are inert while this is null, as in
+    verl."""
+    token2text: bool = False
+    """verl: decode the traced token ids to text (inert without trace.backend, as in verl)."""
+    max_samples_per_step_per_worker: Optional[int] = None
+    """verl: how many trajectories each worker traces per step (inert without trace.backend, as in verl)."""
+    project_name: Optional[str] = "${trainer.project_name}"  # type: ignore[assignment]
+    """verl: the tracing service's project (inert without trace.backend, as in verl)."""
+    experiment_name: Optional[str] = "${trainer.experiment_name}"  # type: ignore[assignment]
+    """verl: the tracing service's experiment (inert without trace.backend, as in verl)."""
+
+
+@dataclass
 class RolloutConfig:
     name: str = "auto"
     """Rollout engine: vllm | hf | auto (vllm when it imports, else hf, with one log line)."""
@@ -469,6 +489,13 @@ class RolloutConfig:
     once the gathered weights are freed (see docs/rollout_memory.md)."""
     tensor_model_parallel_size: int = 2
     """vLLM tensor parallel size (must divide the world size; > 1 needs GPUs)."""
+    data_parallel_size: int = 1
+    """verl key, refused above 1 (see NOT_SUPPORTED_REASONS): vLLM's own data parallelism inside one rollout server
+    of tp x dp GPUs. rlx runs one engine per tensor-parallel group, world size / tensor_model_parallel_size engines
+    in all, which is verl's layout at its default 1."""
+    expert_parallel_size: int = 1
+    """verl key, refused above 1 (see NOT_SUPPORTED_REASONS): vLLM's expert parallelism, a mixture-of-experts model's
+    experts spread over the tp x dp GPUs of one rollout server (verl requires it to equal tp x dp)."""
     max_num_batched_tokens: int = 8192
     """vLLM scheduler token budget."""
     max_model_len: Optional[int] = None
@@ -504,6 +531,8 @@ class RolloutConfig:
     """How the trained weights reach the rollout engine (verl's checkpoint engine)."""
     profiler: RolloutProfilerConfig = field(default_factory=RolloutProfilerConfig)
     """Profiler of the rollout phase (weight sync and generation, in the actor's worker process)."""
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    """verl's rollout tracing (weave / mlflow): refused, its keys inert while trace.backend is null."""
 
 
 @dataclass
@@ -948,6 +977,9 @@ NOT_SUPPORTED: dict[str, Any] = {
     "data.video_key": "videos",
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
     "actor_rollout_ref.actor.use_prefix_grouper": False,
+    "actor_rollout_ref.rollout.data_parallel_size": 1,
+    "actor_rollout_ref.rollout.expert_parallel_size": 1,
+    "actor_rollout_ref.rollout.trace.backend": None,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.actor.optim.total_training_steps": -1,
     "actor_rollout_ref.hybrid_engine": True,
@@ -990,6 +1022,17 @@ NOT_SUPPORTED_REASONS: dict[str, str] = {
         "verl's PrefixGrouper runs the prompt shared by a group's n responses once (a shared-prefix attention "
         "patch plus group-level batch balancing); rlx forwards each response with its own copy of the prompt, "
         "which computes the same log-probs, only with more compute",
+    "actor_rollout_ref.rollout.data_parallel_size":
+        "verl runs each rollout server on tp x dp GPUs with vLLM's data parallelism inside it; rlx runs one "
+        "in-process vLLM engine per tensor-parallel group (world size / tensor_model_parallel_size engines, the "
+        "layout verl has at dp=1), and vLLM's in-engine data parallelism (for expert parallelism) is not wired up; "
+        "the rollout is already data-parallel over the tensor-parallel groups",
+    "actor_rollout_ref.rollout.expert_parallel_size":
+        "rlx's vLLM engines keep every expert of a mixture-of-experts model on each tensor-parallel group; vLLM's "
+        "expert parallelism across a rollout server's tp x dp GPUs (verl's) is not wired up",
+    "actor_rollout_ref.rollout.trace.backend":
+        "verl sends each agent-loop trajectory to a tracing service (weave or mlflow); rlx has no rollout tracing. "
+        "trainer.log_val_generations and the loggers record validation samples instead",
 }
 
 # verl's deprecated global batch-size keys -> the per-GPU key that replaces them. Taken as verl's workers take them
@@ -1055,6 +1098,9 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     # so verl scripts that pass lora_alpha/target_modules next to critic lora_rank=0 keep working.
     "critic.model.lora_alpha": "inert without critic.model.lora_rank > 0 (refused), as in verl",
     "critic.model.target_modules": "inert without critic.model.lora_rank > 0 (refused), as in verl",
+    **{f"actor_rollout_ref.rollout.trace.{k}": "inert without actor_rollout_ref.rollout.trace.backend (refused), "
+                                              "as in verl"
+       for k in ("token2text", "max_samples_per_step_per_worker", "project_name", "experiment_name")},
     "trainer.use_legacy_worker_impl": "picks one of verl's two worker implementations, which train the same model; "
                                       "rlx has one (values other than verl's auto | enable | disable are refused)",
 }
