@@ -124,3 +124,45 @@ def test_keys_verl_does_not_have_either_say_where_the_setting_is(override, says)
         load_config([override])
     msg = str(err.value)
     assert msg.startswith(f"Unknown config key '{key}'") and says in msg and "Did you mean" not in msg, msg
+
+
+def test_a_reward_file_importing_verl_is_told_rlxs_functions(tmp_path):
+    from rlx.config.schema import CustomRewardFunctionConfig
+    from rlx.data.reward import load_reward_fn
+
+    path = tmp_path / "reward_function.py"
+    path.write_text("from verl.utils.reward_score import math_reward\n\n"
+                    "def char_count_reward_function(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    return float(math_reward.remove_boxed(math_reward.last_boxed_only_string(solution_str))"
+                    " == ground_truth)\n")
+    with pytest.raises(ValueError) as err:
+        load_reward_fn(CustomRewardFunctionConfig(path=str(path), name="char_count_reward_function"))
+    msg = str(err.value)
+    assert "No module named 'verl'" in msg and "imports verl" in msg, msg
+    assert "verl.utils.reward_score.math_reward.last_boxed_only_string -> rlx.data.rewards.math_boxed.last_boxed" \
+        in msg
+    path.write_text("import numpy_does_not_exist\n")  # another missing module: no verl hint
+    with pytest.raises(ValueError) as err:
+        load_reward_fn(CustomRewardFunctionConfig(path=str(path), name="f"))
+    assert "imports verl" not in str(err.value)
+
+
+def test_the_named_rlx_replacements_exist_and_act_as_verls_helpers():
+    import importlib
+
+    from rlx.data.reward import VERL_REWARD_IMPORTS
+
+    def resolve(dotted):
+        module, _, attr = dotted.rpartition(".")
+        return getattr(importlib.import_module(module), attr)
+
+    fns = {v: resolve(r) for v, r in VERL_REWARD_IMPORTS.items()}
+    assert all(callable(f) for f in fns.values())
+    text = "so the total is \\boxed{3} at first, then \\boxed{\\frac{1}{2}}."
+    for helper in ("math_reward", "math_dapo"):
+        boxed = fns[f"verl.utils.reward_score.{helper}.last_boxed_only_string"](text)
+        assert boxed == "\\boxed{\\frac{1}{2}}"
+        assert fns[f"verl.utils.reward_score.{helper}.remove_boxed"](boxed) == "\\frac{1}{2}"
+    normalize = fns["verl.utils.reward_score.math_dapo.normalize_final_answer"]
+    assert normalize("x = 1,000 dollars") == "1000" and normalize("\\text{5} inches") == "5"
+    assert fns["verl.utils.reward_score.default_compute_score"]("openai/gsm8k", "so #### 72", "72") == 1.0
