@@ -724,11 +724,14 @@ class RewardModelConfig:
     """verl: the engine that serves the reward model (its name, dtype and lengths act in rlx; its serving knobs
     are engine-only)."""
     enable_resource_pool: bool = False
-    """verl: the reward model on GPUs of its own (not supported: rlx colocates it with the actor)."""
+    """verl: the reward model on GPUs of its own, a placement group of reward_model.nnodes x
+    reward_model.n_gpus_per_node (both required) next to the trainer's, one reward-model rank per GPU holding the
+    whole GPU; False: colocated, rank i on the trainer's GPU i. The same scores either way. Inert without a reward
+    model (rlx then reserves nothing)."""
     n_gpus_per_node: Optional[int] = None
-    """verl: GPUs per node of the reward model's own pool (inert without enable_resource_pool)."""
+    """verl: GPUs per node of the reward model's own pool (read with enable_resource_pool=True)."""
     nnodes: Optional[int] = None
-    """verl: nodes of the reward model's own pool (inert without enable_resource_pool)."""
+    """verl: nodes of the reward model's own pool (read with enable_resource_pool=True)."""
     reward_loop_source: Optional[str] = None
     """verl: where a custom reward-loop manager comes from (not supported)."""
     reward_loop_module_path: Optional[str] = None
@@ -997,7 +1000,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "critic.optim.total_training_steps": -1,
     "reward_model.launch_reward_fn_async": False,
-    "reward_model.enable_resource_pool": False,
     "reward_model.reward_loop_source": None,
     "reward_model.reward_loop_module_path": None,
     "reward_model.reward_loop_class_name": None,
@@ -1068,8 +1070,6 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     "reward_model.rollout.name": "vllm | hf both mean rlx's FSDP worker for a discriminative reward model (the same "
                                  "last-token score vLLM's classify returns); sglang/trtllm are refused by validation",
     "reward_model.num_workers": "speed only: verl's CPU processes that send requests to the reward model's server",
-    "reward_model.n_gpus_per_node": "inert without reward_model.enable_resource_pool=True (refused), as in verl",
-    "reward_model.nnodes": "inert without reward_model.enable_resource_pool=True (refused), as in verl",
     **{f"reward_model.rollout.{k}": "a knob of the engine serving the reward model in verl (batching, memory, "
                                     "kernels); rlx's FSDP worker computes the same scores without it"
        for k in ENGINE_ONLY},

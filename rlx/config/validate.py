@@ -512,8 +512,31 @@ def _check_rollout(cfg, errors):
                       f" + data.max_response_length = {need}; raise max_model_len or shorten the lengths.")
 
 
+def reward_pool_size(cfg) -> int | None:
+    """The reward model's own pool (reward_model.enable_resource_pool=True with a reward model that scores): its
+    world size; None when it is colocated with the actor (or there is none)."""
+    rm = cfg.reward_model
+    if not (rm.enable and rm.enable_resource_pool and not cfg.custom_reward_function.path):
+        return None
+    return rm.nnodes * rm.n_gpus_per_node
+
+
+def _check_reward_pool(cfg, errors):
+    """reward_model.enable_resource_pool: both sizes of the pool given, as verl requires them."""
+    rm = cfg.reward_model
+    if not rm.enable_resource_pool:
+        return
+    for key, value in (("reward_model.nnodes", rm.nnodes), ("reward_model.n_gpus_per_node", rm.n_gpus_per_node)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            errors.append(f"{key}={value!r}: reward_model.enable_resource_pool=True places the reward model on a pool "
+                          f"of its own, reward_model.nnodes x reward_model.n_gpus_per_node GPUs (verl requires both "
+                          f"> 0). Fix: {key}=<a positive count>, or reward_model.enable_resource_pool=False "
+                          f"(colocated with the actor).")
+
+
 def _check_reward_model(cfg, errors):
     """reward_model.enable: a model to score with, a strategy, and a micro-batch size (or a token budget)."""
+    _check_reward_pool(cfg, errors)
     rm = cfg.reward_model
     if not rm.enable:
         return
@@ -833,6 +856,21 @@ def _check_device(cfg, errors):
     elif t.n_gpus_per_node > gpus:
         errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} but this machine has {gpus} GPU(s). Fix: "
                       f"trainer.n_gpus_per_node={gpus}.")
+    elif _valid_pool(cfg) and reward_pool_size(cfg) is not None:
+        rm = cfg.reward_model
+        if rm.nnodes > 1:
+            errors.append(f"reward_model.nnodes={rm.nnodes} needs a Ray cluster of that many nodes; this run starts a "
+                          f"local Ray. Fix: ray_init.address=<head-ip>:6379, or reward_model.nnodes=1.")
+        elif t.n_gpus_per_node + rm.n_gpus_per_node > gpus:
+            errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} + reward_model.n_gpus_per_node="
+                          f"{rm.n_gpus_per_node} (the reward model's own pool, reward_model.enable_resource_pool=True)"
+                          f" but this machine has {gpus} GPU(s). Fix: fewer GPUs for either, or "
+                          f"reward_model.enable_resource_pool=False (colocated).")
+
+
+def _valid_pool(cfg) -> bool:
+    rm = cfg.reward_model
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (rm.nnodes, rm.n_gpus_per_node))
 
 
 def in_ray_job() -> bool:
