@@ -255,7 +255,11 @@ def main(out_path: str) -> None:
         rm, enable=True, use_dynamic_bsz=True,
         rollout=dataclasses.replace(rm.rollout, prompt_length=32, response_length=32),
         model=dataclasses.replace(rm.model, path="builtin://tiny-qwen2-rm", input_tokenizer=arr.model.path)))
-    trainer.rm = RewardModelGroup(InProcessPool(1, 1, "cpu", 1), rm_cfg)
+    from rlx.trainer.ppo_trainer import reward_model_pool
+
+    own_pool = dataclasses.replace(rm_cfg, reward_model=dataclasses.replace(  # on a pool of its own (of one rank)
+        rm_cfg.reward_model, enable_resource_pool=True, nnodes=1, n_gpus_per_node=1))
+    trainer.rm = RewardModelGroup(reward_model_pool(own_pool, None), rm_cfg)
     trainer.rm.init_model()
     trainer.score(trainer.generate(trainer.train_loader.next_batch(), validate=False), {})
     # the reward model as a generative judge (reward_model.judge.*) on the HF engine; its vLLM engine further down

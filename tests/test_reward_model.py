@@ -158,7 +158,58 @@ def test_verl_reward_loop_command_keys():
     assert max_conversation_tokens(cfg) == 3072
     with pytest.raises(ValueError, match="reward_model.rollout.name='sglang'"):
         load_config(RM_JOB + ["reward_model.rollout.name=sglang"])
-    with pytest.raises(ValueError, match="reward_model.enable_resource_pool=True is not supported"):
-        load_config(RM_JOB + ["reward_model.enable_resource_pool=True"])
     with pytest.raises(ValueError, match="reward_model.enable=True needs reward_model.model.path"):
         load_config(["algorithm.adv_estimator=gae", "reward_model.enable=True"])
+
+
+def test_reward_model_on_a_pool_of_its_own_needs_both_sizes():
+    from conftest import load_config
+    from rlx.config.validate import reward_pool_size
+    from rlx.trainer.check import describe
+
+    with pytest.raises(ValueError) as err:
+        load_config(RM_JOB + ["reward_model.enable_resource_pool=True", "reward_model.n_gpus_per_node=2"])
+    msg = str(err.value)
+    assert "reward_model.nnodes=None" in msg and "reward_model.n_gpus_per_node=2:" not in msg, msg
+    with pytest.raises(ValueError, match=r"reward_model.n_gpus_per_node=0: .*verl requires both > 0"):
+        load_config(RM_JOB + ["reward_model.enable_resource_pool=True", "reward_model.nnodes=1",
+                              "reward_model.n_gpus_per_node=0"])
+    own = RM_JOB + ["reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=3"]
+    cfg = load_config(own)
+    assert reward_pool_size(cfg) == 3
+    assert "the reward model on its own 1 node(s) x 3 = 3 rank(s)" in describe(cfg)
+    assert reward_pool_size(load_config(RM_JOB)) is None  # colocated (verl's default)
+    assert "own" not in describe(load_config(RM_JOB)).split("roles")[0]
+
+
+@pytest.mark.slow
+def test_reward_model_on_its_own_pool_scores_as_colocated(ray_local, tmp_path):
+    """reward_model.enable_resource_pool=True: the reward model's ranks sit in a placement group of their own
+    (reward_model.nnodes x n_gpus_per_node bundles, whole bundles), not on the actor's; the scores are the same."""
+    from ray.util.placement_group import placement_group_table
+
+    from conftest import load_config
+    from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+    cfg = load_config(["reward_model.enable=True", f"reward_model.model.path={RM}", "trainer.n_gpus_per_node=1",
+                       "reward_model.enable_resource_pool=True", "reward_model.nnodes=1",
+                       "reward_model.n_gpus_per_node=1", "reward_model.micro_batch_size_per_gpu=3",
+                       "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                       "trainer.val_before_train=False", f"trainer.default_local_dir={tmp_path}"])
+    trainer = RayPPOTrainer(cfg, "hf")
+    try:
+        trainer.init_workers()
+        assert trainer.rm.pool is not trainer.pool and trainer.rm.world_size == 1
+        assert (trainer.pool.roles, trainer.rm.pool.roles) == (1, 1)  # the actor alone; the reward model alone
+        tables = placement_group_table()
+        assert tables[trainer.rm.pool.pg.id.hex()]["bundles"] == {0: {"CPU": 1.0}}
+        assert trainer.rm.pool.pg.id != trainer.pool.pg.id
+        batch = trainer.generate(trainer.train_loader.next_batch(), validate=False)
+        scores, _ = trainer.score(batch, {})
+        actor, rm = _tokenizer("builtin://tiny-qwen2"), _tokenizer(RM)
+        texts = retemplated(batch, actor, rm, max_length=10_000)
+        rows = [ids[m.bool()].tolist() for ids, m in zip(texts["input_ids"], texts["attention_mask"])]
+        torch.testing.assert_close(scores, place_scores(_reference_scores(rows), batch["response_mask"]),
+                                   rtol=1e-4, atol=1e-5)
+    finally:
+        trainer.shutdown()

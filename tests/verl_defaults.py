@@ -89,6 +89,7 @@ VERL_DEFAULTS = {
     'actor_rollout_ref.actor.use_dynamic_bsz': False,
     'actor_rollout_ref.actor.use_kl_loss': False,
     'actor_rollout_ref.actor.use_prefix_grouper': False,
+    'actor_rollout_ref.actor.freeze_vision_tower': False,
     'actor_rollout_ref.actor.use_torch_compile': True,
     'actor_rollout_ref.hybrid_engine': True,
     'actor_rollout_ref.model.custom_chat_template': None,
@@ -211,6 +212,13 @@ VERL_DEFAULTS = {
     'actor_rollout_ref.rollout.seed': 42,
     'actor_rollout_ref.rollout.temperature': 1.0,
     'actor_rollout_ref.rollout.tensor_model_parallel_size': 2,
+    'actor_rollout_ref.rollout.data_parallel_size': 1,
+    'actor_rollout_ref.rollout.expert_parallel_size': 1,
+    'actor_rollout_ref.rollout.trace.backend': None,
+    'actor_rollout_ref.rollout.trace.token2text': False,
+    'actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker': None,
+    'actor_rollout_ref.rollout.trace.project_name': 'verl_examples',  # ${oc.select:trainer.project_name,null}
+    'actor_rollout_ref.rollout.trace.experiment_name': 'gsm8k',  # ${oc.select:trainer.experiment_name,null}
     'actor_rollout_ref.rollout.top_k': -1,
     'actor_rollout_ref.rollout.top_p': 1,
     'actor_rollout_ref.rollout.val_kwargs.do_sample': False,

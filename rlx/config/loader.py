@@ -35,6 +35,30 @@ SECTION_KEYS = {k.rpartition(".")[0] for k in SCHEMA_KEYS} - {""}
 SCALAR_AS_LIST = ("trainer.logger",)
 
 
+# Keys of verl's example scripts that verl 0.9.1's own config does not have either (its Hydra refuses them too): the
+# unknown-key error says where the setting lives now, or why there is none. Prefix -> explanation.
+NOT_IN_VERL = {
+    "reward_model.sandbox_fusion": (
+        "an older verl's place for the sandbox settings; verl 0.9.1 has them at reward.sandbox_fusion.* (legacy: "
+        "sandbox_fusion.*), which rlx refuses by name (code-execution rewards through a SandboxFusion server are "
+        "not implemented)"),
+    "actor_rollout_ref.model.torch_dtype": (
+        "verl 0.9.1 has no such key either; the policy's parameter dtype is "
+        "actor_rollout_ref.actor.fsdp_config.model_dtype (and the rollout's actor_rollout_ref.rollout.dtype)"),
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": (
+        "verl's interaction agents (a simulated user replying between turns), removed from verl 0.9.1's config; "
+        "rlx has no interaction agents: its multi-turn rollout is the tool_agent loop "
+        "(actor_rollout_ref.rollout.multi_turn.tool_config_path)"),
+}
+
+
+def _not_in_verl(key: str) -> str | None:
+    for prefix, why in NOT_IN_VERL.items():
+        if key == prefix or key.startswith(prefix + "."):
+            return why
+    return None
+
+
 class OverrideParseError(ValueError):
     """A command-line argument that is not a `key=value` override (one line, names the argument)."""
 
@@ -73,6 +97,9 @@ def _missing_section(key: str) -> str | None:
 
 def unknown_key_error(key: str, shown: str | None = None) -> ValueError:
     shown = shown or key
+    why = _not_in_verl(key)
+    if why:
+        return ValueError(f"Unknown config key '{shown}': rlx has no key '{key}': {why}.")
     section = _missing_section(key)
     if section is None:
         hint = suggest_key(key)

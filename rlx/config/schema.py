@@ -300,6 +300,10 @@ class ActorConfig:
     the critic's follows it."""
     entropy_coeff: float = 0.0
     """Entropy bonus coefficient."""
+    freeze_vision_tower: bool = False
+    """Do not train the vision encoder of a vision-language policy (its `visual` / `vision_tower` module), as verl:
+    its parameters stop requiring gradients after the model (and LoRA) is built. A model without one trains whole,
+    with one note (rlx.engine.vision)."""
     use_prefix_grouper: bool = False
     """verl key, refused (only False): verl's PrefixGrouper forwards the prompt shared by a group's n responses
     once; see NOT_SUPPORTED_REASONS."""
@@ -420,6 +424,22 @@ class CheckpointEngineConfig:
 
 
 @dataclass
+class TraceConfig:
+    backend: Optional[str] = None
+    """verl key, refused (only null): verl records each agent-loop trajectory to a tracing service (weave | mlflow);
+    rlx has no rollout tracing (see NOT_SUPPORTED_REASONS). The other trace keys are inert while this is null, as in
+    verl."""
+    token2text: bool = False
+    """verl: decode the traced token ids to text (inert without trace.backend, as in verl)."""
+    max_samples_per_step_per_worker: Optional[int] = None
+    """verl: how many trajectories each worker traces per step (inert without trace.backend, as in verl)."""
+    project_name: Optional[str] = "${trainer.project_name}"  # type: ignore[assignment]
+    """verl: the tracing service's project (inert without trace.backend, as in verl)."""
+    experiment_name: Optional[str] = "${trainer.experiment_name}"  # type: ignore[assignment]
+    """verl: the tracing service's experiment (inert without trace.backend, as in verl)."""
+
+
+@dataclass
 class RolloutConfig:
     name: str = "auto"
     """Rollout engine: vllm | hf | auto (vllm when it imports, else hf, with one log line)."""
@@ -470,6 +490,13 @@ class RolloutConfig:
     once the gathered weights are freed (see docs/rollout_memory.md)."""
     tensor_model_parallel_size: int = 2
     """vLLM tensor parallel size (must divide the world size; > 1 needs GPUs)."""
+    data_parallel_size: int = 1
+    """verl key, refused above 1 (see NOT_SUPPORTED_REASONS): vLLM's own data parallelism inside one rollout server
+    of tp x dp GPUs. rlx runs one engine per tensor-parallel group, world size / tensor_model_parallel_size engines
+    in all, which is verl's layout at its default 1."""
+    expert_parallel_size: int = 1
+    """verl key, refused above 1 (see NOT_SUPPORTED_REASONS): vLLM's expert parallelism, a mixture-of-experts model's
+    experts spread over the tp x dp GPUs of one rollout server (verl requires it to equal tp x dp)."""
     max_num_batched_tokens: int = 8192
     """vLLM scheduler token budget."""
     max_model_len: Optional[int] = None
@@ -505,6 +532,8 @@ class RolloutConfig:
     """How the trained weights reach the rollout engine (verl's checkpoint engine)."""
     profiler: RolloutProfilerConfig = field(default_factory=RolloutProfilerConfig)
     """Profiler of the rollout phase (weight sync and generation, in the actor's worker process)."""
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    """verl's rollout tracing (weave / mlflow): refused, its keys inert while trace.backend is null."""
 
 
 @dataclass
@@ -700,11 +729,14 @@ class RewardModelConfig:
     """verl: the engine that serves the reward model (its name, dtype and lengths act in rlx; its serving knobs
     set the generative judge's vLLM engine, and do nothing for a classifier)."""
     enable_resource_pool: bool = False
-    """verl: the reward model on GPUs of its own (not supported: rlx colocates it with the actor)."""
+    """verl: the reward model on GPUs of its own, a placement group of reward_model.nnodes x
+    reward_model.n_gpus_per_node (both required) next to the trainer's, one reward-model rank per GPU holding the
+    whole GPU; False: colocated, rank i on the trainer's GPU i. The same scores either way. Inert without a reward
+    model (rlx then reserves nothing)."""
     n_gpus_per_node: Optional[int] = None
-    """verl: GPUs per node of the reward model's own pool (inert without enable_resource_pool)."""
+    """verl: GPUs per node of the reward model's own pool (read with enable_resource_pool=True)."""
     nnodes: Optional[int] = None
-    """verl: nodes of the reward model's own pool (inert without enable_resource_pool)."""
+    """verl: nodes of the reward model's own pool (read with enable_resource_pool=True)."""
     reward_loop_source: Optional[str] = None
     """verl: where a custom reward-loop manager comes from (not supported)."""
     reward_loop_module_path: Optional[str] = None
@@ -848,7 +880,8 @@ class TrainerConfig:
     experiment_name: str = "gsm8k"
     """Experiment name (loggers, checkpoint dir)."""
     logger: list = field(default_factory=lambda: ["console", "wandb"])
-    """Loggers: console | file (metrics.jsonl under <default_local_dir>/logs) | tensorboard | wandb."""
+    """Loggers: console | file (metrics.jsonl under <default_local_dir>/logs) | tensorboard | wandb | swanlab (the
+    optional extra rlx[swanlab]; wandb and swanlab log offline to <default_local_dir>/logs without an API key)."""
     log_val_generations: int = 0
     """Validation samples (prompt, response, score) logged per validation, chosen as verl does (sorted, then
     shuffled with seed 42): printed by the console logger, a text/table entry for tensorboard/wandb, a
@@ -952,6 +985,9 @@ NOT_SUPPORTED: dict[str, Any] = {
     "data.video_key": "videos",
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
     "actor_rollout_ref.actor.use_prefix_grouper": False,
+    "actor_rollout_ref.rollout.data_parallel_size": 1,
+    "actor_rollout_ref.rollout.expert_parallel_size": 1,
+    "actor_rollout_ref.rollout.trace.backend": None,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.actor.optim.total_training_steps": -1,
     "actor_rollout_ref.hybrid_engine": True,
@@ -969,7 +1005,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "critic.model.fsdp_config.wrap_policy": {"min_num_params": 0},
     "critic.optim.total_training_steps": -1,
     "reward_model.launch_reward_fn_async": False,
-    "reward_model.enable_resource_pool": False,
     "reward_model.reward_loop_source": None,
     "reward_model.reward_loop_module_path": None,
     "reward_model.reward_loop_class_name": None,
@@ -994,6 +1029,17 @@ NOT_SUPPORTED_REASONS: dict[str, str] = {
         "verl's PrefixGrouper runs the prompt shared by a group's n responses once (a shared-prefix attention "
         "patch plus group-level batch balancing); rlx forwards each response with its own copy of the prompt, "
         "which computes the same log-probs, only with more compute",
+    "actor_rollout_ref.rollout.data_parallel_size":
+        "verl runs each rollout server on tp x dp GPUs with vLLM's data parallelism inside it; rlx runs one "
+        "in-process vLLM engine per tensor-parallel group (world size / tensor_model_parallel_size engines, the "
+        "layout verl has at dp=1), and vLLM's in-engine data parallelism (for expert parallelism) is not wired up; "
+        "the rollout is already data-parallel over the tensor-parallel groups",
+    "actor_rollout_ref.rollout.expert_parallel_size":
+        "rlx's vLLM engines keep every expert of a mixture-of-experts model on each tensor-parallel group; vLLM's "
+        "expert parallelism across a rollout server's tp x dp GPUs (verl's) is not wired up",
+    "actor_rollout_ref.rollout.trace.backend":
+        "verl sends each agent-loop trajectory to a tracing service (weave or mlflow); rlx has no rollout tracing. "
+        "trainer.log_val_generations and the loggers record validation samples instead",
 }
 
 # verl's deprecated global batch-size keys -> the per-GPU key that replaces them. Taken as verl's workers take them
@@ -1028,8 +1074,6 @@ NO_OP_BY_DESIGN: dict[str, str] = {
                                     "and a judge alike; rlx scores with its reward-model worker either way (the "
                                     "same last-token score; a judge is chosen by reward_model.judge.enable)",
     "reward_model.num_workers": "speed only: verl's CPU processes that send requests to the reward model's server",
-    "reward_model.n_gpus_per_node": "inert without reward_model.enable_resource_pool=True (refused), as in verl",
-    "reward_model.nnodes": "inert without reward_model.enable_resource_pool=True (refused), as in verl",
     **{f"reward_model.rollout.{k}": "a knob of the engine serving the reward model in verl (batching, memory, "
                                     "kernels) that rlx's judge engine does not take; it changes no score"
        for k in ENGINE_ONLY if k not in JUDGE_ENGINE},
@@ -1058,6 +1102,9 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     # so verl scripts that pass lora_alpha/target_modules next to critic lora_rank=0 keep working.
     "critic.model.lora_alpha": "inert without critic.model.lora_rank > 0 (refused), as in verl",
     "critic.model.target_modules": "inert without critic.model.lora_rank > 0 (refused), as in verl",
+    **{f"actor_rollout_ref.rollout.trace.{k}": "inert without actor_rollout_ref.rollout.trace.backend (refused), "
+                                              "as in verl"
+       for k in ("token2text", "max_samples_per_step_per_worker", "project_name", "experiment_name")},
     "trainer.use_legacy_worker_impl": "picks one of verl's two worker implementations, which train the same model; "
                                       "rlx has one (values other than verl's auto | enable | disable are refused)",
 }

@@ -20,7 +20,7 @@ STRATEGIES = ("fsdp", "fsdp2")
 VERL_ENGINE_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")  # the values verl's FSDP engine config accepts
 ROLLOUT_NAMES = ("auto", "vllm", "hf")  # sglang: refused by name (_check_agent)
 TRUNCATIONS = ("error", "left", "right", "middle")
-LOGGERS = ("console", "file", "tensorboard", "wandb")
+LOGGERS = ("console", "file", "tensorboard", "wandb", "swanlab")
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -512,8 +512,31 @@ def _check_rollout(cfg, errors):
                       f" + data.max_response_length = {need}; raise max_model_len or shorten the lengths.")
 
 
+def reward_pool_size(cfg) -> int | None:
+    """The reward model's own pool (reward_model.enable_resource_pool=True with a reward model that scores): its
+    world size; None when it is colocated with the actor (or there is none)."""
+    rm = cfg.reward_model
+    if not (rm.enable and rm.enable_resource_pool and not cfg.custom_reward_function.path):
+        return None
+    return rm.nnodes * rm.n_gpus_per_node
+
+
+def _check_reward_pool(cfg, errors):
+    """reward_model.enable_resource_pool: both sizes of the pool given, as verl requires them."""
+    rm = cfg.reward_model
+    if not rm.enable_resource_pool:
+        return
+    for key, value in (("reward_model.nnodes", rm.nnodes), ("reward_model.n_gpus_per_node", rm.n_gpus_per_node)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            errors.append(f"{key}={value!r}: reward_model.enable_resource_pool=True places the reward model on a pool "
+                          f"of its own, reward_model.nnodes x reward_model.n_gpus_per_node GPUs (verl requires both "
+                          f"> 0). Fix: {key}=<a positive count>, or reward_model.enable_resource_pool=False "
+                          f"(colocated with the actor).")
+
+
 def _check_reward_model(cfg, errors):
     """reward_model.enable: a model to score with, a strategy, and a micro-batch size (or a token budget)."""
+    _check_reward_pool(cfg, errors)
     rm = cfg.reward_model
     if not rm.enable:
         return
@@ -794,6 +817,10 @@ def _check_data_trainer(cfg, errors):
     if "wandb" in loggers and importlib.util.find_spec("wandb") is None:  # a dependency: a broken install only
         errors.append("trainer.logger includes wandb but wandb is not installed (a dependency of rlx): "
                       "pip install wandb (or drop it from trainer.logger).")
+    if "swanlab" in loggers and importlib.util.find_spec("swanlab") is None:  # an optional extra
+        errors.append("trainer.logger=swanlab needs the swanlab package, an optional extra of rlx that is not "
+                      "installed. Fix: pip install swanlab (or pip install 'rlx[swanlab]'), or drop swanlab from "
+                      "trainer.logger.")
     if t.total_training_steps is not None and t.total_training_steps <= 0:
         errors.append(f"trainer.total_training_steps={t.total_training_steps} must be positive or null.")
 
@@ -897,6 +924,21 @@ def _check_device(cfg, errors):
     elif t.n_gpus_per_node > gpus:
         errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} but this machine has {gpus} GPU(s). Fix: "
                       f"trainer.n_gpus_per_node={gpus}.")
+    elif _valid_pool(cfg) and reward_pool_size(cfg) is not None:
+        rm = cfg.reward_model
+        if rm.nnodes > 1:
+            errors.append(f"reward_model.nnodes={rm.nnodes} needs a Ray cluster of that many nodes; this run starts a "
+                          f"local Ray. Fix: ray_init.address=<head-ip>:6379, or reward_model.nnodes=1.")
+        elif t.n_gpus_per_node + rm.n_gpus_per_node > gpus:
+            errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} + reward_model.n_gpus_per_node="
+                          f"{rm.n_gpus_per_node} (the reward model's own pool, reward_model.enable_resource_pool=True)"
+                          f" but this machine has {gpus} GPU(s). Fix: fewer GPUs for either, or "
+                          f"reward_model.enable_resource_pool=False (colocated).")
+
+
+def _valid_pool(cfg) -> bool:
+    rm = cfg.reward_model
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (rm.nnodes, rm.n_gpus_per_node))
 
 
 def in_ray_job() -> bool:
@@ -907,7 +949,7 @@ def in_ray_job() -> bool:
 def local_dir_writers(cfg) -> list[str]:
     """What the job will write under `trainer.default_local_dir` (empty: nothing, so its path does not matter):
     checkpoints, the file logger, tensorboard's event files (unless TENSORBOARD_DIR names their place), wandb's
-    local files (unless WANDB_DIR does)."""
+    local files (unless WANDB_DIR does), swanlab's (unless SWANLAB_LOG_DIR does)."""
     t = cfg.trainer
     loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
     writers = []
@@ -919,6 +961,8 @@ def local_dir_writers(cfg) -> list[str]:
         writers.append("tensorboard event files (trainer.logger has tensorboard, TENSORBOARD_DIR is unset)")
     if "wandb" in loggers and not os.environ.get("WANDB_DIR"):
         writers.append("wandb's local files (trainer.logger has wandb, WANDB_DIR is unset)")
+    if "swanlab" in loggers and not os.environ.get("SWANLAB_LOG_DIR"):
+        writers.append("swanlab's local files (trainer.logger has swanlab, SWANLAB_LOG_DIR is unset)")
     return writers
 
 
@@ -941,8 +985,8 @@ def _check_output_paths(cfg, errors):
     if cfg.ray_init.timeline_json_file:
         paths["ray_init.timeline_json_file"] = (cfg.ray_init.timeline_json_file, "Ray's timeline is written there")
     loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-    env_keys = (["TENSORBOARD_DIR"] if "tensorboard" in loggers else []) + (["WANDB_DIR"] if "wandb" in loggers
-                                                                              else [])
+    env_keys = [k for name, k in (("tensorboard", "TENSORBOARD_DIR"), ("wandb", "WANDB_DIR"),
+                                  ("swanlab", "SWANLAB_LOG_DIR")) if name in loggers]
     paths.update({f"the environment variable {k}": (os.environ.get(k), "logs go there") for k in env_keys})
     for key, (path, why) in paths.items():
         if path and not os.path.isabs(os.path.expanduser(path)):

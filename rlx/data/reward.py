@@ -54,6 +54,30 @@ def builtin_score(data_source, solution_str: str, ground_truth, extra_info=None,
                      f"custom_reward_function.name if it is not 'compute_score')")
 
 
+# verl's reward helpers that custom reward files import, and rlx's own function of the same meaning (rlx does not
+# install or imitate the `verl` package: a file that imports it fails, and the error names these replacements).
+VERL_REWARD_IMPORTS = {
+    "verl.utils.reward_score.default_compute_score": "rlx.data.reward.default_compute_score",
+    "verl.utils.reward_score.gsm8k.compute_score": "rlx.data.rewards.gsm8k.compute_score",
+    "verl.utils.reward_score.math_reward.compute_score": "rlx.data.rewards.math_boxed.compute_score",
+    "verl.utils.reward_score.math_reward.last_boxed_only_string": "rlx.data.rewards.math_boxed.last_boxed",
+    "verl.utils.reward_score.math_reward.remove_boxed": "rlx.data.rewards.math_boxed.unbox",
+    "verl.utils.reward_score.math_dapo.compute_score": "rlx.data.rewards.math_minerva.compute_score",
+    "verl.utils.reward_score.math_dapo.last_boxed_only_string": "rlx.data.rewards.math_minerva.last_boxed",
+    "verl.utils.reward_score.math_dapo.remove_boxed": "rlx.data.rewards.math_boxed.unbox",
+    "verl.utils.reward_score.math_dapo.normalize_final_answer": "rlx.data.rewards.math_minerva.normalise",
+}
+
+
+def _verl_import_hint(e: Exception) -> str:
+    """For a reward file that imports verl: what to import from rlx instead."""
+    if not isinstance(e, ModuleNotFoundError) or not (e.name == "verl" or str(e.name).startswith("verl.")):
+        return ""
+    pairs = "; ".join(f"{v} -> {r}" for v, r in VERL_REWARD_IMPORTS.items())
+    return (f". The file imports verl, which rlx does not install or imitate: import rlx's own functions instead "
+            f"({pairs}; unbox raises ValueError where verl's remove_boxed asserts), or make verl importable")
+
+
 def default_compute_score(data_source, solution_str: str, ground_truth, extra_info=None, **kwargs):
     """verl's default score function: dispatch on ``data_source`` to the built-in rule rewards, each with its own
     defaults. As in verl, extra keyword arguments are accepted and not passed on."""
@@ -83,7 +107,7 @@ def load_reward_fn(custom_cfg: CustomRewardFunctionConfig, score_kwargs: dict | 
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"custom_reward_function.path={path!r} failed to import "
-                         f"({type(e).__name__}: {e})") from e
+                         f"({type(e).__name__}: {e}){_verl_import_hint(e)}") from e
     fn = getattr(module, name, None)
     if not callable(fn):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))

@@ -40,7 +40,8 @@ class ActorEngine(FSDPEngine):
                          head_chunk_size=model_cfg.fused_kernel_options.chunk_size if self.fused else None,
                          sp_size=sp_size, sp_key=f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
                          max_micro_batch_tokens=max_micro_batch_tokens, entropy_chunk_size=ent_chunk,
-                         entropy_checkpointing=ent.entropy_checkpointing)
+                         entropy_checkpointing=ent.entropy_checkpointing,
+                         freeze_vision_tower=role == "actor" and actor_cfg.freeze_vision_tower)
 
     def _log_probs(self, mb: Batch, with_entropy: bool, with_sum_pi_squared: bool = False):
         """`(log_probs, entropy | None)`, plus `sum_pi_squared` with `with_sum_pi_squared` (see heads)."""

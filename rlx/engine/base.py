@@ -38,7 +38,8 @@ class FSDPEngine:
                  device: torch.device, optim_cfg: OptimConfig | None = None, total_steps: int = 1,
                  dtype: str | None = None, head_chunk_size: Optional[int] = None, sp_size: int = 1,
                  sp_key: str = "ulysses_sequence_parallel_size", max_micro_batch_tokens: Optional[int] = None,
-                 entropy_chunk_size: Optional[int] = None, entropy_checkpointing: bool = False):
+                 entropy_chunk_size: Optional[int] = None, entropy_checkpointing: bool = False,
+                 freeze_vision_tower: bool = False):
         self.role, self.device, self.fsdp_cfg = role, device, fsdp_cfg
         self.remove_padding = model_cfg.use_remove_padding
         dtype = dtype or fsdp_cfg.model_dtype
@@ -82,6 +83,10 @@ class FSDPEngine:
                                  f"{dtype}: FSDP1 flattens a layer's frozen base and its fp32 adapters into one "
                                  f"buffer of one dtype; use strategy=fsdp2, or model_dtype=fp32")
             self.lora = apply_lora(model, model_cfg)
+        if freeze_vision_tower:  # after LoRA, as verl: adapters placed inside the tower are frozen with it
+            from rlx.engine.vision import apply_freeze_vision_tower
+
+            apply_freeze_vision_tower(model, True, dist.get_rank() if dist.is_initialized() else 0)
         if sp_size > 1:
             ulysses.check_heads(model.config, sp_size, sp_key)
             ulysses.apply_ulysses(model, self.sp_group)

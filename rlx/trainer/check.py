@@ -45,7 +45,7 @@ def rollout_engine(cfg: RLXConfig) -> str:
 
 def describe(cfg: RLXConfig, inputs: DriverInputs | None = None) -> str:
     """The roles, world, engines and memory settings a run of `cfg` would use, one line per topic."""
-    from rlx.config.validate import world_size
+    from rlx.config.validate import reward_pool_size, world_size
 
     arr, alg, t = cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
     actor, ref, rollout, model = arr.actor, arr.ref, arr.rollout, arr.model
@@ -66,7 +66,11 @@ def describe(cfg: RLXConfig, inputs: DriverInputs | None = None) -> str:
     row("algorithm", f"{alg.adv_estimator}, {rollout.n} response(s) per prompt, policy loss "
                      f"{actor.policy_loss.loss_mode}, {actor.loss_agg_mode}" + (f"; {'; '.join(kl)}" if kl else ""))
     dist = "nccl" if t.device == "cuda" else "gloo"
-    row("world", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {ws} rank(s) per role, device {t.device} ({dist})")
+    rm_pool = reward_pool_size(cfg)
+    own = (f"; the reward model on its own {cfg.reward_model.nnodes} node(s) x {cfg.reward_model.n_gpus_per_node} = "
+           f"{rm_pool} rank(s)") if rm_pool is not None else ""
+    row("world", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {ws} rank(s) per role, device {t.device} ({dist})"
+        + own)
     roles = ["actor+rollout"]
     if use_ref:
         roles.append("ref (the actor's module with the LoRA adapters off)" if model.lora_rank else "ref")

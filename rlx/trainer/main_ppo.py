@@ -227,7 +227,10 @@ def init_ray(cfg: RLXConfig) -> None:
         return
     num_cpus = cfg.ray_init.num_cpus
     if num_cpus is None and cfg.trainer.device == "cpu":
-        num_cpus = max(os.cpu_count() or 1, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node)
+        from rlx.config.validate import reward_pool_size
+
+        num_cpus = max(os.cpu_count() or 1,
+                       cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node + (reward_pool_size(cfg) or 0))
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
 
 

@@ -91,6 +91,18 @@ class SkippedStepGuard:
                 f"(0: never stop).")
 
 
+def reward_model_pool(cfg: RLXConfig, shared):
+    """Where the reward model's ranks go: `shared` (the actor's pool: rank i on GPU i next to the actor's) or, with
+    `reward_model.enable_resource_pool` (verl's), a placement group of its own of reward_model.nnodes x
+    reward_model.n_gpus_per_node bundles, each rank holding a whole GPU."""
+    from rlx.workers.group import ResourcePool
+
+    rm = cfg.reward_model
+    if not rm.enable_resource_pool:
+        return shared
+    return ResourcePool(rm.nnodes, rm.n_gpus_per_node, cfg.trainer.device, roles=1)
+
+
 def select_generations(samples: list[tuple[str, str, float]], count: int) -> list[tuple[str, str, float]]:
     """verl's choice of the validation generations to log: sorted by prompt, shuffled with seed 42, the first
     `count` (the same prompts at every validation)."""
@@ -151,11 +163,14 @@ class RayPPOTrainer:
         from rlx.workers.reward_model_worker import RewardModelGroup
 
         t = self.cfg.trainer
-        # verl's colocated roles: one bundle per GPU, rank i of every role on bundle i (see rlx.workers.group)
-        self.pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device, roles=1 + self.use_critic + self.use_rm)
+        # verl's colocated roles: one bundle per GPU, rank i of every role on bundle i (see rlx.workers.group); with
+        # reward_model.enable_resource_pool the reward model gets a placement group of its own, whole GPUs
+        own_rm_pool = self.use_rm and self.cfg.reward_model.enable_resource_pool
+        self.pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device,
+                                 roles=1 + self.use_critic + (self.use_rm and not own_rm_pool))
         self.actor = ActorGroup(self.pool, self.cfg)
         self.critic = CriticGroup(self.pool, self.cfg) if self.use_critic else None
-        self.rm = RewardModelGroup(self.pool, self.cfg) if self.use_rm else None
+        self.rm = RewardModelGroup(reward_model_pool(self.cfg, self.pool), self.cfg) if self.use_rm else None
         # actor (and its vLLM engine) first: vLLM sizes its KV cache from a GPU no other process is filling
         self.actor.init_model(self.total_steps, self.rollout_name)
         if self.critic is not None:

@@ -1,9 +1,12 @@
 """Loggers named by `trainer.logger`: console, file (every metric as one JSON line per step, in
-`<default_local_dir>/logs/metrics.jsonl`), tensorboard, wandb (imported only when asked for).
+`<default_local_dir>/logs/metrics.jsonl`), tensorboard, wandb, swanlab (imported only when asked for; swanlab is
+the optional extra `rlx[swanlab]`).
 
 wandb works without an account: with no API key (WANDB_API_KEY unset, no `wandb login` entry in the netrc file)
 the run logs offline into the run's folder and says so in one line, with the `wandb sync` command that uploads it
-later; with a key it logs online. WANDB_MODE, when set, decides instead (online | offline | disabled)."""
+later; with a key it logs online. WANDB_MODE, when set, decides instead (online | offline | disabled). swanlab the
+same way: SWANLAB_API_KEY or `swanlab login`, else offline into the run's folder (SWANLAB_LOG_DIR, when set, instead)
+with the `swanlab sync` command; SWANLAB_MODE, when set, decides (online | offline | local | disabled)."""
 from __future__ import annotations
 
 import json
@@ -22,7 +25,7 @@ class Tracker:
     def __init__(self, cfg: RLXConfig, log_dir: str):
         t = cfg.trainer
         self.loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-        self.tb = self.wandb = self.file = None
+        self.tb = self.wandb = self.swanlab = self.file = None
         self.log_dir = log_dir
         if "file" in self.loggers:
             os.makedirs(log_dir, exist_ok=True)
@@ -33,6 +36,8 @@ class Tracker:
             self.tb = SummaryWriter(os.environ.get("TENSORBOARD_DIR", os.path.join(log_dir, "tensorboard")))
         if "wandb" in self.loggers:
             self.wandb = init_wandb(cfg, log_dir)
+        if "swanlab" in self.loggers:
+            self.swanlab = init_swanlab(cfg, log_dir)
 
     def log(self, metrics: dict, step: int) -> None:
         if "console" in self.loggers:
@@ -49,10 +54,13 @@ class Tracker:
             self.tb.flush()
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
+        if self.swanlab is not None:
+            self.swanlab.log(metrics, step=step)
 
     def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
         """Validation samples (prompt, response, score) (`trainer.log_val_generations`): printed by console, one
-        JSON line in <log_dir>/val_generations.jsonl for file, a text entry for tensorboard, a table for wandb."""
+        JSON line in <log_dir>/val_generations.jsonl for file, a text entry for tensorboard, a table for wandb and
+        swanlab."""
         if not samples:
             return
         if "console" in self.loggers:
@@ -74,6 +82,12 @@ class Tracker:
             table = wandb.Table(columns=["step", "input", "output", "score"],
                                 data=[[step, p, r, s] for p, r, s in samples])
             self.wandb.log({"val/generations": table}, step=step)
+        if self.swanlab is not None:
+            import swanlab
+
+            table = swanlab.echarts.Table()
+            table.add(headers=["step", "input", "output", "score"], rows=[[step, p, r, s] for p, r, s in samples])
+            self.swanlab.log({"val/generations": table}, step=step)
 
     def close(self) -> None:
         if self.file is not None:
@@ -82,6 +96,8 @@ class Tracker:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+        if self.swanlab is not None:
+            self.swanlab.finish()
 
 
 def wandb_has_credentials() -> bool:
@@ -123,4 +139,41 @@ def init_wandb(cfg: RLXConfig, log_dir: str):
         run_dir = os.path.dirname(run.dir)  # run.dir is the run's files/ folder
         print(f"rlx: wandb has no API key (WANDB_API_KEY unset, no `wandb login`): logging offline to {run_dir}; "
               f"upload it later with: wandb sync {run_dir}", file=sys.stderr, flush=True)
+    return run
+
+
+SWANLAB_MISSING = ("trainer.logger=swanlab needs the swanlab package, an optional extra of rlx that is not installed. "
+                   "Fix: pip install swanlab (or pip install 'rlx[swanlab]'), or drop swanlab from trainer.logger.")
+
+
+def swanlab_has_credentials() -> bool:
+    """True when swanlab would find an API key on its own: SWANLAB_API_KEY, or the entry `swanlab login` saves
+    (swanlab's own lookup: .swanlab/.netrc under the working dir, then under SWANLAB_ROOT or ~/.swanlab)."""
+    import swanlab
+
+    return bool(swanlab.Settings().api_key)
+
+
+def init_swanlab(cfg: RLXConfig, log_dir: str):
+    """`swanlab.init` as verl calls it (project = trainer.project_name, experiment = trainer.experiment_name, the whole
+    config), its files under SWANLAB_LOG_DIR or `log_dir` (with the run's other outputs), never prompting (a Ray job
+    has no terminal to answer on). Without SWANLAB_MODE and without credentials: offline, and one line naming the
+    run's folder and the command that uploads it."""
+    from dataclasses import asdict
+
+    try:
+        import swanlab
+    except ImportError as e:  # validation refuses this before Ray starts; a direct Tracker user gets here
+        raise RuntimeError(f"{SWANLAB_MISSING} ({e})") from e
+
+    t = cfg.trainer
+    swanlab_dir = os.environ.get("SWANLAB_LOG_DIR") or log_dir
+    os.makedirs(swanlab_dir, exist_ok=True)
+    offline = not os.environ.get("SWANLAB_MODE") and not swanlab_has_credentials()
+    run = swanlab.init(project=t.project_name, experiment_name=t.experiment_name, config=asdict(cfg),
+                       log_dir=swanlab_dir, mode="offline" if offline else None,
+                       settings=swanlab.Settings(interactive=False))
+    if offline:
+        print(f"rlx: swanlab has no API key (SWANLAB_API_KEY unset, no `swanlab login`): logging offline to "
+              f"{run.dir}; upload it later with: swanlab sync {run.dir}", file=sys.stderr, flush=True)
     return run
