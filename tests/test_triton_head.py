@@ -15,16 +15,23 @@ import sys
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated: before (re)importing the module
-    if "rlx.ops.triton_head" in sys.modules:
-        importlib.reload(sys.modules["rlx.ops.triton_head"])
+CPU = not torch.cuda.is_available()
+if CPU:  # TRITON_INTERPRET is read when the kernels are decorated (at import) and while they run (`interpret`)
+    _before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        pytest.importorskip("triton")
+        if "rlx.ops.triton_head" in sys.modules:
+            importlib.reload(sys.modules["rlx.ops.triton_head"])
+        from rlx.ops import triton_head
+    finally:
+        if _before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = _before
 pytest.importorskip("triton")
 
 from rlx.ops import log_probs_from_hidden, triton_head  # noqa: E402
-
-CPU = not torch.cuda.is_available()
-
 
 def _inputs(n=37, h=16, v=300, dtype=torch.float32, bias=True, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
@@ -54,6 +61,13 @@ def _run(backend, inputs, temperature, chunk, use):
     return lp.detach(), None if ent is None else ent.detach(), grads
 
 
+@pytest.fixture(autouse=True)
+def interpret(monkeypatch):
+    """On the CPU, Triton's interpreter during each test of this module only (the rest of a session is unchanged)."""
+    if CPU:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
 @pytest.fixture
 def small_blocks(monkeypatch):
     """A vocabulary block of 64 entries: V=300 takes 5 steps of the online logsumexp, the last one partial."""
@@ -62,7 +76,6 @@ def small_blocks(monkeypatch):
 
 def test_interpreter_runs_the_kernels_on_cpu():
     if CPU:
-        assert os.environ.get("TRITON_INTERPRET") == "1"
         assert type(triton_head._lse_entropy_fwd).__name__ == "InterpretedFunction"
 
 
@@ -177,3 +190,84 @@ def test_triton_equals_torch_backend_cuda_bf16_qwen_vocab():
         assert torch.isfinite(a).all()
         assert (a.float() - r.float()).abs().max() <= 1e-2 * r.float().abs().max()
     assert peaks["triton"] < peaks["torch"] / 2
+
+
+# ================================================================ the key: validation before Ray, the engine's head
+KEY = "actor_rollout_ref.model.fused_kernel_options.impl_backend"
+
+
+def test_triton_backend_refused_on_cpu_without_the_interpreter(monkeypatch):
+    from conftest import load_config
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError) as e:
+        load_config(["trainer.device=cpu", f"{KEY}=triton"])
+    msg = str(e.value)
+    assert f"{KEY}=triton runs Triton kernels, which need a GPU, but trainer.device=cpu" in msg, msg
+    assert f"Fix: {KEY}=torch" in msg and "TRITON_INTERPRET=1" in msg
+    # the unfused head has no backend: the key is not checked against the device there (as verl ignores it)
+    cfg = load_config(["trainer.device=cpu", f"{KEY}=triton", "actor_rollout_ref.model.use_fused_kernels=False"])
+    assert cfg.actor_rollout_ref.model.fused_kernel_options.impl_backend == "triton"
+
+
+def test_triton_backend_accepted_under_the_interpreter_and_other_values_refused(monkeypatch):
+    from conftest import load_config
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = load_config(["trainer.device=cpu", f"{KEY}=triton"])
+    assert cfg.actor_rollout_ref.model.fused_kernel_options.impl_backend == "triton"
+    with pytest.raises(ValueError, match=rf"{KEY}='cuda' is not valid; choose one of \['torch', 'triton'\]"):
+        load_config(["trainer.device=cpu", f"{KEY}=cuda"])
+
+
+def test_triton_backend_without_the_package_names_the_fix(monkeypatch):
+    import importlib.util
+
+    from rlx.config.device import triton_head_problem
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
+    assert triton_head_problem("cuda") == (f"{KEY}=triton needs the triton package (CUDA builds of torch install it). "
+                                           f"Fix: pip install triton, or {KEY}=torch.")
+
+
+def _tiny_causal_lm():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+
+
+def test_engine_head_picks_the_backend(monkeypatch, small_blocks):
+    """apply_token_head with the key's backend: the same log-probs, entropy and parameter gradients as torch's."""
+    import copy
+    from types import SimpleNamespace
+
+    from rlx.engine.heads import apply_token_head, fused_head_backend
+
+    model_cfg = SimpleNamespace(fused_kernel_options=SimpleNamespace(impl_backend="triton"))
+    device = torch.device("cuda" if not CPU else "cpu")
+    assert fused_head_backend(model_cfg, device) == "triton"
+    if CPU:
+        monkeypatch.delenv("TRITON_INTERPRET")
+        with pytest.raises(ValueError, match=f"{KEY}=triton runs Triton kernels, which need a GPU"):
+            fused_head_backend(model_cfg, device)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    base = _tiny_causal_lm().to(device)
+    ids = torch.randint(0, 300, (2, 9), generator=torch.Generator().manual_seed(3)).to(device)
+    pos = torch.arange(9, device=device).expand(2, 9)
+    index = torch.tensor([2, 3, 4, 11, 12, 13, 14], device=device)
+    targets = ids.reshape(-1)[index + 1]
+    results = {}
+    for backend in ("torch", "triton"):
+        model = copy.deepcopy(base)
+        apply_token_head(model, "actor", 3, backend=backend)
+        lp, ent = model(ids, pos, torch.ones_like(ids), index, targets, temperature=0.8, with_entropy=True)
+        (lp.sum() + 0.1 * ent.sum()).backward()
+        results[backend] = (lp.detach(), ent.detach(), [p.grad for p in model.parameters()])
+    (lp_t, ent_t, g_t), (lp_x, ent_x, g_x) = results["torch"], results["triton"]
+    torch.testing.assert_close(lp_x, lp_t, rtol=0, atol=2e-5)
+    torch.testing.assert_close(ent_x, ent_t, rtol=0, atol=2e-5)
+    for a, r in zip(g_x, g_t):
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
