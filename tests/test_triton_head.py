@@ -271,3 +271,46 @@ def test_engine_head_picks_the_backend(monkeypatch, small_blocks):
     torch.testing.assert_close(ent_x, ent_t, rtol=0, atol=2e-5)
     for a, r in zip(g_x, g_t):
         torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+
+
+def _actor_worker(rank, world, port):
+    from test_batch_shaping import FUSED, _actor, make_batch
+
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        batch = make_batch(rows=4, seed=rank)
+        over = FUSED + ["actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+        from rlx.ops import triton_head
+
+        calls = []  # which kernels ran: the engine must pick the key's backend
+        for name in ("lse_entropy", "grad_logits_"):
+            def counted(*a, _f=getattr(triton_head, name), _name=name, **k):
+                calls.append(_name)
+                return _f(*a, **k)
+            setattr(triton_head, name, counted)
+        out = {}
+        for backend in ("torch", "triton"):
+            engine = _actor("fsdp2", over + [f"{KEY}={backend}"])
+            lp = engine.compute_log_prob(batch, 2, with_entropy=True)
+            out[backend] = (dict(lp.tensors), engine.update_policy(batch))
+            assert (set(calls) == {"lse_entropy", "grad_logits_"}) == (backend == "triton"), (backend, set(calls))
+        (lp_t, m_t), (lp_x, m_x) = out["torch"], out["triton"]
+        for k in lp_t:
+            torch.testing.assert_close(lp_x[k], lp_t[k], rtol=0, atol=2e-5)
+        assert m_t.keys() == m_x.keys()
+        keys = [k for k in m_t if k.startswith("actor/")]  # the losses, the entropy, the gradient norm (not perf/)
+        assert {"actor/entropy", "actor/grad_norm", "actor/pg_loss"} <= set(keys), keys
+        for k in keys:
+            assert m_x[k] == pytest.approx(m_t[k], rel=1e-4, abs=1e-6), (k, m_x[k], m_t[k])
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.skipif(not CPU, reason="the CPU engine over gloo (the GPU engines: tests/test_engine_gpu.py)")
+def test_actor_engine_with_triton_backend_equals_torch():
+    """ActorEngine with impl_backend=triton (Triton's interpreter, inherited by the spawned rank): the same log-probs,
+    entropy and update metrics as with torch (FSDP2 over gloo, one rank)."""
+    from conftest import free_port
+
+    torch.multiprocessing.spawn(_actor_worker, args=(1, free_port()), nprocs=1, join=True)
