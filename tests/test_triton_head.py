@@ -280,7 +280,8 @@ def _actor_worker(rank, world, port):
     torch.set_num_threads(1)
     try:
         batch = make_batch(rows=4, seed=rank)
-        over = FUSED + ["actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+        over = FUSED + ["actor_rollout_ref.actor.entropy_coeff=0.01",
+                        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
         from rlx.ops import triton_head
 
         calls = []  # which kernels ran: the engine must pick the key's backend

@@ -312,7 +312,7 @@ def _positive(errors, key, value, what=""):
 
 
 def _check_head_backend(cfg, errors):
-    """fused_kernel_options.impl_backend: torch | triton; triton needs the package and a GPU (or Triton's interpreter)."""
+    """fused_kernel_options.impl_backend: torch | triton; triton needs the package and a GPU (or the interpreter)."""
     from rlx.config.device import FUSED_HEAD_BACKEND_KEY, triton_head_problem
 
     model = cfg.actor_rollout_ref.model
