@@ -1,6 +1,6 @@
 """The kernel keys on the CPU: `model.use_liger` is refused by name (Liger's kernels are Triton, GPU only; the GPU
-checks are tests/test_liger_gpu.py), `fused_kernel_options.impl_backend=triton` and `use_prefix_grouper` are refused
-with the reason."""
+checks are tests/test_liger_gpu.py), `use_prefix_grouper` is refused with the reason (`fused_kernel_options.impl_backend`:
+tests/test_triton_head.py)."""
 from __future__ import annotations
 
 import pytest
@@ -28,7 +28,6 @@ def test_apply_liger_refuses_a_cpu_engine_and_is_a_no_op_when_off():
 
 
 @pytest.mark.parametrize("key, value, reason", [
-    ("actor_rollout_ref.model.fused_kernel_options.impl_backend", "triton", "has not been measured"),
     ("actor_rollout_ref.actor.use_prefix_grouper", "True", "computes the same log-probs, only with more compute"),
 ])
 def test_kernel_keys_refused_with_the_reason(key, value, reason):

@@ -36,6 +36,27 @@ def vllm_available() -> bool:
         return False
 
 
+FUSED_HEAD_BACKEND_KEY = "actor_rollout_ref.model.fused_kernel_options.impl_backend"
+
+
+def triton_head_problem(device_type: str) -> str | None:
+    """Why the fused head's Triton backend (impl_backend=triton) cannot run on `device_type` in this process, as an
+    error naming the key and the fix; None when it can."""
+    key = FUSED_HEAD_BACKEND_KEY
+    try:
+        missing = importlib.util.find_spec("triton") is None
+    except (ImportError, ValueError):
+        missing = True
+    if missing:
+        return (f"{key}=triton needs the triton package (CUDA builds of torch install it). Fix: pip install triton, "
+                f"or {key}=torch.")
+    if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return (f"{key}=triton runs Triton kernels, which need a GPU, but trainer.device={device_type}. Fix: "
+                f"{key}=torch (the same head in torch), trainer.device=cuda, or TRITON_INTERPRET=1 in the "
+                f"environment (Triton's CPU interpreter: slow, for tests).")
+    return None
+
+
 def visible_gpu_count() -> int:
     """CUDA GPUs this process can use: torch's count, else `nvidia-smi -L` (a driver without CUDA torch), limited
     by CUDA_VISIBLE_DEVICES when it is set."""

@@ -130,9 +130,11 @@ class FSDPConfig:
 @dataclass
 class FusedKernelOptions:
     impl_backend: str = "torch"
-    """verl key: the fused head's implementation; rlx has the pure-torch one (CPU and GPU)."""
+    """verl key: the fused head's implementation, torch | triton. torch: pure torch (CPU and GPU); triton: the same
+    chunks and matmuls with Triton kernels for the softmax math (GPU, or CPU under TRITON_INTERPRET=1)."""
     chunk_size: int = 2048
-    """Tokens per chunk of the fused head: its transient memory is about 3 x chunk_size x vocab x 4 bytes."""
+    """Tokens per chunk of the fused head: its transient memory is about 3 x chunk_size x vocab x 4 bytes (torch
+    backend; triton: one chunk_size x vocab tensor in the model's dtype)."""
 
 
 @dataclass
@@ -983,7 +985,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "data.validation_shuffle": False,
     "data.image_key": "images",
     "data.video_key": "videos",
-    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "torch",
     "actor_rollout_ref.actor.use_prefix_grouper": False,
     "actor_rollout_ref.rollout.data_parallel_size": 1,
     "actor_rollout_ref.rollout.expert_parallel_size": 1,
@@ -1022,9 +1023,6 @@ NOT_SUPPORTED.update(profiler.NOT_SUPPORTED)  # the torch profiler's schedule, v
 
 # Why some NOT_SUPPORTED keys are refused (the validation error says it).
 NOT_SUPPORTED_REASONS: dict[str, str] = {
-    "actor_rollout_ref.model.fused_kernel_options.impl_backend":
-        "rlx's fused log-prob head is torch code in chunks of tokens (fused_kernel_options.chunk_size); a Triton "
-        "kernel would have to beat it, which has not been measured, so only torch is offered",
     "actor_rollout_ref.actor.use_prefix_grouper":
         "verl's PrefixGrouper runs the prompt shared by a group's n responses once (a shared-prefix attention "
         "patch plus group-level batch balancing); rlx forwards each response with its own copy of the prompt, "

@@ -311,12 +311,26 @@ def _positive(errors, key, value, what=""):
         errors.append(f"{key}={value!r} must be a positive integer {what}.".replace(" .", "."))
 
 
+def _check_head_backend(cfg, errors):
+    """fused_kernel_options.impl_backend: torch | triton; triton needs the package and a GPU (or the interpreter)."""
+    from rlx.config.device import FUSED_HEAD_BACKEND_KEY, triton_head_problem
+
+    model = cfg.actor_rollout_ref.model
+    backend = model.fused_kernel_options.impl_backend
+    _choice(errors, FUSED_HEAD_BACKEND_KEY, backend, ("torch", "triton"))
+    if backend == "triton" and model.use_fused_kernels:  # the unfused head has no backend (as in verl)
+        problem = triton_head_problem(cfg.trainer.device)
+        if problem:
+            errors.append(problem)
+
+
 def _check_long_sequences(cfg, errors):
     """The fused head's chunk and the MLP tile sizes."""
     model = cfg.actor_rollout_ref.model
     if model.use_fused_kernels:
         _positive(errors, "actor_rollout_ref.model.fused_kernel_options.chunk_size",
                   model.fused_kernel_options.chunk_size, "(tokens per chunk of the fused head)")
+    _check_head_backend(cfg, errors)
     for role in ("actor", "ref"):  # the unfused head's chunked entropy
         if _get(cfg, f"actor_rollout_ref.{role}.entropy_from_logits_with_chunking"):
             key = f"actor_rollout_ref.{role}.entropy_from_logits_chunk_size"

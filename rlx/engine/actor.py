@@ -35,12 +35,15 @@ class ActorEngine(FSDPEngine):
             raise ValueError(f"actor_rollout_ref.{role}.entropy_from_logits_chunk_size={ent_chunk}: must be a "
                              f"positive number of tokens (verl's default: 2048)")
         ent_chunk = ent_chunk if chunking else None
+        from rlx.engine.heads import fused_head_backend
+
+        backend = fused_head_backend(model_cfg, device) if self.fused else "torch"  # fused_kernel_options.impl_backend
         super().__init__(role=role, model_cfg=model_cfg, strategy=strategy, fsdp_cfg=fsdp_cfg, device=device,
                          optim_cfg=actor_cfg.optim if role == "actor" else None, total_steps=total_steps,
                          head_chunk_size=model_cfg.fused_kernel_options.chunk_size if self.fused else None,
                          sp_size=sp_size, sp_key=f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
                          max_micro_batch_tokens=max_micro_batch_tokens, entropy_chunk_size=ent_chunk,
-                         entropy_checkpointing=ent.entropy_checkpointing,
+                         entropy_checkpointing=ent.entropy_checkpointing, head_backend=backend,
                          freeze_vision_tower=role == "actor" and actor_cfg.freeze_vision_tower)
 
     def _log_probs(self, mb: Batch, with_entropy: bool, with_sum_pi_squared: bool = False):

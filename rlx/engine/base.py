@@ -39,7 +39,7 @@ class FSDPEngine:
                  dtype: str | None = None, head_chunk_size: Optional[int] = None, sp_size: int = 1,
                  sp_key: str = "ulysses_sequence_parallel_size", max_micro_batch_tokens: Optional[int] = None,
                  entropy_chunk_size: Optional[int] = None, entropy_checkpointing: bool = False,
-                 freeze_vision_tower: bool = False):
+                 head_backend: str = "torch", freeze_vision_tower: bool = False):
         self.role, self.device, self.fsdp_cfg = role, device, fsdp_cfg
         self.remove_padding = model_cfg.use_remove_padding
         dtype = dtype or fsdp_cfg.model_dtype
@@ -92,7 +92,7 @@ class FSDPEngine:
             ulysses.apply_ulysses(model, self.sp_group)
         # the head only where a response token is scored; chunked (never [tokens, vocab]) with head_chunk_size
         apply_token_head(model, role, head_chunk_size, entropy_chunk_size=entropy_chunk_size,
-                         entropy_checkpointing=entropy_checkpointing)
+                         entropy_checkpointing=entropy_checkpointing, backend=head_backend)
         from rlx.offload import find_decoder_layers
 
         if model_cfg.tile_mlp_tokens > 0:

@@ -6,7 +6,8 @@ applies the head there:
 
 * actor / ref (`AutoModelForCausalLM`): log-prob of `targets` (and entropy when asked) at temperature `T`,
   through `rlx.ops.log_prob_head`: the chunked head never materialises `[tokens, vocab]` logits when
-  `chunk_size > 0` (`model.use_fused_kernels`), else the full-logits path;
+  `chunk_size > 0` (`model.use_fused_kernels`; its per-chunk math in torch or in Triton kernels,
+  `fused_kernel_options.impl_backend`, see `fused_head_backend`), else the full-logits path;
 * critic (`AutoModelForTokenClassification` with one label): the value; the reward model (role `reward`, the
   same head, loaded from a sequence-classification checkpoint): its score.
 
@@ -74,8 +75,22 @@ def _mask_mapping(model: nn.Module) -> dict:
     return {t: None for t in types | {"full_attention"}}
 
 
+def fused_head_backend(model_cfg, device: torch.device) -> str:
+    """`model_cfg.fused_kernel_options.impl_backend` (torch | triton) for the fused head on `device`; triton where
+    it cannot run (no package, or no GPU without Triton's interpreter) is a ValueError naming the key and the fix."""
+    backend = model_cfg.fused_kernel_options.impl_backend
+    if backend == "triton":
+        from rlx.config.device import triton_head_problem
+
+        problem = triton_head_problem(device.type)
+        if problem:
+            raise ValueError(problem)
+    return backend
+
+
 def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int], *,
-                     entropy_chunk_size: Optional[int] = None, entropy_checkpointing: bool = False) -> None:
+                     entropy_chunk_size: Optional[int] = None, entropy_checkpointing: bool = False,
+                     backend: str = "torch") -> None:
     """Replace `model.forward` (an HF causal LM, or a one-label token classifier for the critic); see module doc.
 
     New forward: `(input_ids, position_ids, attention_mask, index, targets=None, temperature=1.0,
@@ -86,6 +101,7 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int], *,
     scored tokens inside it, and the outputs are gathered over the group at `sp_index` (see `ulysses`).
     `entropy_chunk_size` / `entropy_checkpointing`: how the full-logits head (no `chunk_size`) computes the entropy
     (verl's entropy_from_logits_with_chunking / entropy_checkpointing; see `rlx.ops.log_prob_head`).
+    `backend`: the chunked head's implementation (`fused_head_backend`); the sum of squared probabilities is torch's.
     """
     from rlx.ops.log_prob_head import log_probs_from_hidden, sum_pi_squared_from_hidden
 
@@ -115,7 +131,7 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int], *,
             out = log_probs_from_hidden(hidden, head.weight, head.bias, targets, temperature,
                                         chunk_size=chunk_size, with_entropy=with_entropy,
                                         entropy_chunk_size=entropy_chunk_size,
-                                        entropy_checkpointing=entropy_checkpointing)
+                                        entropy_checkpointing=entropy_checkpointing, backend=backend)
             if with_sum_pi_squared:
                 out = out + (sum_pi_squared_from_hidden(hidden, head.weight, head.bias, temperature,
                                                         chunk_size=chunk_size),)

@@ -1,7 +1,8 @@
-"""Memory-saving compute ops for the training engine (pure torch; CPU and CUDA alike).
+"""Memory-saving compute ops for the training engine (torch; CPU and CUDA alike; one optional Triton backend).
 
 - `log_probs_from_hidden`: the LM head's per-token log-probs (and entropy) computed in token chunks, never
-  materialising the `[tokens, vocab]` logits or their gradient.
+  materialising the `[tokens, vocab]` logits or their gradient; the per-chunk math in torch, or in Triton kernels
+  (`triton_head`, imported only when asked for).
 - `apply_tiled_mlp`: each decoder layer's MLP runs in tiles of tokens in forward and backward, so its
   `[tokens, intermediate_size]` activations exist for one tile at a time.
 - `apply_tiled_layers`: every token-local part of each decoder layer (norms, projections, rotary, residuals,

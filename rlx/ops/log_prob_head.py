@@ -21,6 +21,10 @@ keys apply: `entropy_chunk_size` (`entropy_from_logits_with_chunking`) computes 
 and `entropy_checkpointing` recomputes the entropy from the logits in backward (`torch.utils.checkpoint`) instead of
 saving its `[N, V]` softmax. The chunked head needs neither: it already computes the entropy chunk by chunk and
 recomputes each chunk in backward, saving nothing of size N x V.
+
+`backend="triton"` (`fused_kernel_options.impl_backend`): the same chunks and matmuls, but the per-chunk softmax
+math runs in `rlx.ops.triton_head`'s kernels, one read of the chunk's logits in forward and one in-place rewrite
+of them into their gradient in backward, in place of the float32 copies above (it also saves the entropy `[N]`).
 """
 from __future__ import annotations
 
@@ -31,13 +35,16 @@ import torch.nn.functional as F
 
 from rlx.algos import core_algos
 
-__all__ = ["log_probs_from_hidden", "sum_pi_squared_from_hidden"]
+__all__ = ["BACKENDS", "log_probs_from_hidden", "sum_pi_squared_from_hidden"]
+
+BACKENDS = ("torch", "triton")  # the chunked head's implementations (fused_kernel_options.impl_backend)
 
 
 def log_probs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                           targets: torch.Tensor, temperature: float = 1.0, *, chunk_size: Optional[int],
                           with_entropy: bool, entropy_chunk_size: Optional[int] = None,
-                          entropy_checkpointing: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                          entropy_checkpointing: bool = False,
+                          backend: str = "torch") -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-prob of `targets` `[N]` (float32) and, if `with_entropy`, the entropy `[N]` (float32) of the
     distribution `softmax(linear(hidden, weight, bias) / temperature)`.
 
@@ -46,7 +53,10 @@ def log_probs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, bias: Opti
     > 0: chunks of that many tokens, never materialising `[N, V]` (see the module docstring).
     `entropy_chunk_size` / `entropy_checkpointing`: the full-logits path's entropy in chunks of that many rows /
     recomputed in backward (ignored by the chunked head, which does both by construction).
+    `backend`: the chunked head's per-chunk math, "torch" or "triton" (`rlx.ops.triton_head`; ignored without
+    a chunk size).
     """
+    assert backend in BACKENDS, backend
     if chunk_size is None or chunk_size <= 0:
         logits = F.linear(hidden, weight, bias).float() / temperature
         log_probs = core_algos.logprobs_from_logits(logits, targets)
@@ -57,12 +67,13 @@ def log_probs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, bias: Opti
     y = targets.reshape(-1).long()
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     if needs_grad:
-        outs = _ChunkedLogProbs.apply(h, weight, bias, y, float(temperature), int(chunk_size), bool(with_entropy))
+        outs = _ChunkedLogProbs.apply(h, weight, bias, y, float(temperature), int(chunk_size), bool(with_entropy),
+                                      backend)
         log_probs, entropy = outs if with_entropy else (outs, None)
     else:
         with torch.no_grad():
             log_probs, entropy, _ = _forward_chunks(h, weight, bias, y, float(temperature), int(chunk_size),
-                                                    bool(with_entropy))
+                                                    bool(with_entropy), backend)
     if log_probs.shape != lead:  # (a same-shape reshape would hand FSDP2 a view as the module's output)
         log_probs, entropy = log_probs.reshape(lead), None if entropy is None else entropy.reshape(lead)
     return log_probs, entropy
@@ -92,14 +103,20 @@ def sum_pi_squared_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, bias:
     return out.reshape(lead)
 
 
-def _forward_chunks(h, weight, bias, y, temperature: float, chunk: int, with_entropy: bool):
+def _forward_chunks(h, weight, bias, y, temperature: float, chunk: int, with_entropy: bool, backend: str):
     """(log_probs, entropy or None, logsumexp), each `[N]` float32, computed `chunk` tokens at a time."""
+    if backend == "triton":
+        from rlx.ops import triton_head
     n = h.shape[0]
     log_probs = torch.empty(n, dtype=torch.float32, device=h.device)
     lse = torch.empty_like(log_probs)
     entropy = torch.empty_like(log_probs) if with_entropy else None
     for s in range(0, n, chunk):
         e = min(s + chunk, n)
+        if backend == "triton":
+            triton_head.lse_entropy(F.linear(h[s:e], weight, bias), y[s:e], temperature, log_probs[s:e], lse[s:e],
+                                    None if entropy is None else entropy[s:e])
+            continue
         z = F.linear(h[s:e], weight, bias).float().div_(temperature)  # a fresh tensor even when float32
         lse_c = torch.logsumexp(z, dim=-1)
         lse[s:e] = lse_c
@@ -113,19 +130,19 @@ class _ChunkedLogProbs(torch.autograd.Function):
     """Chunked log-prob (and entropy) head; backward recomputes each chunk's logits from the saved inputs."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, y, temperature: float, chunk: int, with_entropy: bool):
-        log_probs, entropy, lse = _forward_chunks(h, weight, bias, y, temperature, chunk, with_entropy)
-        ctx.save_for_backward(h, weight, bias, y, lse)
-        ctx.temperature, ctx.chunk = temperature, chunk
+    def forward(ctx, h, weight, bias, y, temperature: float, chunk: int, with_entropy: bool, backend: str):
+        log_probs, entropy, lse = _forward_chunks(h, weight, bias, y, temperature, chunk, with_entropy, backend)
+        ctx.save_for_backward(h, weight, bias, y, lse, entropy if backend == "triton" else None)
+        ctx.temperature, ctx.chunk, ctx.backend = temperature, chunk, backend
         ctx.set_materialize_grads(False)
         return (log_probs, entropy) if with_entropy else log_probs
 
     @staticmethod
     def backward(ctx, g_lp, g_ent=None):
-        h, weight, bias, y, lse = ctx.saved_tensors
+        h, weight, bias, y, lse, entropy = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if g_lp is None and g_ent is None:
-            return (None,) * 7
+            return (None,) * 8
         n, temperature = h.shape[0], ctx.temperature
         grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
@@ -133,6 +150,15 @@ class _ChunkedLogProbs(torch.autograd.Function):
         for s in range(0, n, ctx.chunk):
             e = min(s + ctx.chunk, n)
             h_c = h[s:e]
+            if ctx.backend == "triton":
+                from rlx.ops import triton_head
+
+                dz = triton_head.grad_logits_(F.linear(h_c, weight, bias), y[s:e], lse[s:e],
+                                              None if entropy is None else entropy[s:e],
+                                              None if g_lp is None else g_lp[s:e],
+                                              None if g_ent is None else g_ent[s:e], temperature)
+                _chunk_grads(dz.to(h.dtype), h_c, weight, grad_h, grad_w, grad_b, s, e)
+                continue
             z = F.linear(h_c, weight, bias).float().div_(temperature)
             p = torch.sub(z, lse[s:e].unsqueeze(-1)).exp_()
             if g_ent is not None:  # d entropy / dz = -p * (z - sum(p * z))
@@ -144,15 +170,19 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 dz = p.mul_(-g_lp[s:e].unsqueeze(-1))
             if g_lp is not None:  # d log_prob / dz = onehot(target) - p
                 dz.scatter_add_(-1, y[s:e].unsqueeze(-1), g_lp[s:e].unsqueeze(-1).to(dz.dtype))
-            dz = dz.div_(temperature).to(h.dtype)
-            if need_h:
-                torch.mm(dz, weight, out=grad_h[s:e])
-            if need_w:
-                _accumulate_mm(grad_w, dz.t(), h_c)
-            if need_b:
-                grad_b.add_(dz.sum(dim=0, dtype=torch.float32))
+            _chunk_grads(dz.div_(temperature).to(h.dtype), h_c, weight, grad_h, grad_w, grad_b, s, e)
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
+
+
+def _chunk_grads(dz, h_c, weight, grad_h, grad_w, grad_b, s: int, e: int) -> None:
+    """One chunk's share of the input gradients from its logits' gradient `dz` (h's dtype); None: not needed."""
+    if grad_h is not None:
+        torch.mm(dz, weight, out=grad_h[s:e])
+    if grad_w is not None:
+        _accumulate_mm(grad_w, dz.t(), h_c)
+    if grad_b is not None:
+        grad_b.add_(dz.sum(dim=0, dtype=torch.float32))
 
 
 def _accumulate_mm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
