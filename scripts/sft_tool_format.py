@@ -217,7 +217,7 @@ def tool_call_stats(texts: list[str], tool_name: str = TOOL_NAME) -> dict:
 
 
 # ---- main ------------------------------------------------------------------------------------------------------
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="HF model directory to start from")
     ap.add_argument("--data", required=True, help="train rows (parquet/jsonl) of prepare_gsm8k.py --multi-turn")
@@ -233,8 +233,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def run(args: argparse.Namespace) -> dict:
+    """The whole warm start; returns the losses and the held-out tool-call shares before and after."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
@@ -272,6 +275,11 @@ def main(argv=None) -> int:
     model.to(save_dtype).save_pretrained(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)
     print(f"[sft] saved {args.output_dir}; total {time.perf_counter() - t0:.1f}s")
+    return {"losses": losses, "before": before, "after": stats, "train_s": train_s, "texts": texts}
+
+
+def main(argv=None) -> int:
+    run(parse_args(argv))
     return 0
 
 
