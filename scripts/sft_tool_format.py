@@ -226,7 +226,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tool_config", default=TOOL_CONFIG)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch_size", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--p_right", type=float, default=0.5, help="share of rows whose tool call has the right answer")
     ap.add_argument("--train_rows", type=int, default=2048, help="rows turned into training examples")
     ap.add_argument("--eval_rows", type=int, default=64)
