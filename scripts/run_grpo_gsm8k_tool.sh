@@ -6,6 +6,8 @@
 #   python scripts/prepare_gsm8k.py --multi-turn --input_dir <dir with train.jsonl/test.jsonl> --output_dir ~/data/gsm8k_tool
 # Model: an instruct model whose chat template has a tool role (Qwen2.5-*-Instruct); MODEL_PATH defaults to
 # $HOME/models/Qwen2.5-0.5B-Instruct.
+# Without instruct weights: scripts/gpu_tool_recipe.sh (random weights + scripts/sft_tool_format.py's format warm
+# start, then this recipe for 3 steps).
 #
 #   MODEL_PATH=/path/to/Qwen2.5-0.5B-Instruct N_GPUS=1 bash scripts/run_grpo_gsm8k_tool.sh trainer.total_epochs=1
 #
