@@ -22,13 +22,17 @@ phase "random Qwen2.5-0.5B weights -> $WORK/random-0.5b"
 "$PYTHON" -m rlx.models.random_weights qwen2.5-0.5b "$WORK/random-0.5b"
 
 phase "GSM8K tool-agent rows -> $WORK/data"
-"$PYTHON" "$ROOT/scripts/prepare_gsm8k.py" --multi-turn --input_dir "$GSM8K_DIR" --output_dir "$WORK/data"
+if [ ! -f "$WORK/data/test.parquet" ]; then  # each phase is skipped when its output is already there
+    "$PYTHON" "$ROOT/scripts/prepare_gsm8k.py" --multi-turn --input_dir "$GSM8K_DIR" --output_dir "$WORK/data"
+fi
 
 phase "format warm start -> $WORK/warm"
-# shellcheck disable=SC2086
-"$PYTHON" "$ROOT/scripts/sft_tool_format.py" --model "$WORK/random-0.5b" --data "$WORK/data/train.parquet" \
-    --eval_data "$WORK/data/test.parquet" --output_dir "$WORK/warm" --steps "${SFT_STEPS:-300}" ${SFT_ARGS:-} \
-    2>&1 | tee "$WORK/sft.log"
+if [ ! -f "$WORK/warm/config.json" ]; then
+    # shellcheck disable=SC2086
+    "$PYTHON" "$ROOT/scripts/sft_tool_format.py" --model "$WORK/random-0.5b" --data "$WORK/data/train.parquet" \
+        --eval_data "$WORK/data/test.parquet" --output_dir "$WORK/warm" --steps "${SFT_STEPS:-300}" ${SFT_ARGS:-} \
+        2>&1 | tee "$WORK/sft.log"
+fi
 
 phase "GRPO, 3 steps (scripts/run_grpo_gsm8k_tool.sh)"
 rm -rf "$WORK/ckpt"
