@@ -243,3 +243,33 @@ def test_multimodal_rows_are_refused(tmp_path, tok):
     with pytest.raises(ValueError, match=r"row 0: column 'images' \(data.image_key\).*multi-modal"):
         RLDataset(path, tok, make_cfg())
     RLDataset(write(tmp_path, [row("abc") | {"images": []}], "empty.parquet"), tok, make_cfg())
+
+
+TOOL_TMPL = ("{% if tools %}{% for t in tools %}<tool>{{ t['function']['name'] }}</tool>{% endfor %}{% endif %}"
+             "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+SCHEMA = {"type": "function", "function": {"name": "calc", "description": "d", "parameters": {"type": "object"}}}
+
+
+def test_tool_schemas_are_in_the_prompt_and_its_length(tmp_path):
+    """multi_turn's tools are rendered into every prompt by the chat template (as the tool agent renders them at
+    rollout), so a prompt of 5 bytes plus 17 bytes of tool markup is 22 tokens: filtered at max_prompt_length=21,
+    kept at 22; without tools the same row is 5 tokens."""
+    tok = build_byte_tokenizer()
+    tok.chat_template = TOOL_TMPL
+    path = write(tmp_path, [row("hello"), row("hi" * 40, idx=1)])
+    ds = RLDataset(path, tok, make_cfg(max_prompt_length=22, filter_overlong_prompts=True), tool_schemas=[SCHEMA])
+    assert len(ds) == 1 and ds[0]["raw_prompt"] == "<tool>calc</tool>hello" and len(ds[0]["input_ids"]) == 22
+    with pytest.raises(ValueError, match="no prompts left"):
+        RLDataset(path, tok, make_cfg(max_prompt_length=21, filter_overlong_prompts=True), tool_schemas=[SCHEMA])
+    plain = RLDataset(path, tok, make_cfg(max_prompt_length=22, filter_overlong_prompts=True))
+    assert len(plain) == 1 and plain[0]["raw_prompt"] == "hello"
+
+
+def test_preflight_reads_the_tool_schemas_of_multi_turn():
+    from conftest import REPO, load_config
+    from rlx.trainer.preflight import _tool_schemas
+
+    assert _tool_schemas(load_config([])) is None
+    cfg = load_config(["actor_rollout_ref.rollout.multi_turn.enable=True", "data.return_raw_chat=True",
+                       f"actor_rollout_ref.rollout.multi_turn.tool_config_path={REPO}/scripts/config/gsm8k_tool_config.yaml"])
+    assert [s["function"]["name"] for s in _tool_schemas(cfg)] == ["calc_gsm8k_reward"]

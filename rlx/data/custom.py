@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Optional
 
 from rlx.config.schema import DataConfig
 from rlx.data.dataset import NON_TENSOR_KEYS, RLDataset
@@ -67,13 +68,14 @@ def dataset_class(cfg: DataConfig) -> type:
     return cls
 
 
-def build_dataset(files, tokenizer, cfg: DataConfig):
+def build_dataset(files, tokenizer, cfg: DataConfig, tool_schemas: Optional[list[dict]] = None):
     """The dataset of `files` with the class `dataset_class(cfg)` picks; a custom class is built as
     `cls(files, tokenizer, cfg)` and its first prompt collated, so a class that does not fit rlx's interface fails
-    here (a ValueError naming data.custom_cls) instead of in the training loop."""
+    here (a ValueError naming data.custom_cls) instead of in the training loop. `tool_schemas`: multi_turn's tools,
+    rendered into rlx's own dataset's prompts (a custom class renders its prompts itself)."""
     cls = dataset_class(cfg)
     if cls is RLDataset:
-        return RLDataset(files, tokenizer, cfg)
+        return RLDataset(files, tokenizer, cfg, tool_schemas=tool_schemas)
     key = f"data.custom_cls {cls.__name__} (from {cfg.custom_cls['path']!r})"
     file_list = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files or []]
     try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -88,8 +88,11 @@ class RLDataset:
 
     `cfg` is the `data` section (`rlx.config.schema.DataConfig`)."""
 
-    def __init__(self, files, tokenizer, cfg: DataConfig):
+    def __init__(self, files, tokenizer, cfg: DataConfig, tool_schemas: Optional[list[dict]] = None):
         self.files = _as_list(files)
+        # the OpenAI function schemas of multi_turn's tools: the chat template renders them into every prompt, as
+        # the tool agent does at rollout, so a prompt's length (and filter_overlong_prompts) counts them
+        self.tool_schemas = list(tool_schemas) if tool_schemas else None
         if not self.files:
             raise ValueError("no data files given; set data.train_files / data.val_files "
                              "(parquet paths or e.g. 'synthetic://digits?size=1024&seed=0')")
@@ -208,8 +211,9 @@ class RLDataset:
                              f"messages [{{'role': 'user', 'content': ...}}] or a string, got {prompt!r:.200}")
         if self.apply_chat_template and getattr(self.tokenizer, "chat_template", None):
             messages = [{"role": m.get("role") or "user", "content": m["content"]} for m in prompt]
+            tools = {"tools": self.tool_schemas} if self.tool_schemas else {}
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                      **self.chat_template_kwargs)
+                                                      **tools, **self.chat_template_kwargs)
         return "\n".join(str(m["content"]) for m in prompt)
 
     def _truncate(self, tok: list[int], text: str, origin: str, i: int) -> list[int]:

@@ -202,11 +202,26 @@ def _check_context(cfg: RLXConfig, model_dir: str, problems: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- data and reward
+def _tool_schemas(cfg: RLXConfig) -> list[dict] | None:
+    """multi_turn's tool schemas (verl's data.tool_config_path / function_tool_path follow the rollout's): the
+    prompts are rendered with them, as the tool agent renders them, so their length counts the schemas."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not (mt.tool_config_path or mt.function_tool_path):
+        return None
+    from rlx.workers.rollout.agent.tools import load_tools
+
+    try:
+        tools = load_tools(mt.tool_config_path, mt.function_tool_path)
+    except Exception:  # noqa: BLE001 - the rollout worker loads them again and reports the error by key
+        return None
+    return [tool.tool_schema for tool in tools.values()] or None
+
+
 def _load_dataset(key: str, files, tokenizer, cfg: RLXConfig, problems: list[str]):
     from rlx.data.custom import build_dataset
 
     try:
-        return build_dataset(files, tokenizer, cfg.data)
+        return build_dataset(files, tokenizer, cfg.data, tool_schemas=_tool_schemas(cfg))
     except ValueError as e:
         problems.append(f"{key}: {e}")
     except Exception as e:  # noqa: BLE001 - e.g. a tokenizer failing on a row: still a data problem, not a crash
