@@ -30,7 +30,8 @@ def _reference_scores(rows: list[list[int]]) -> torch.Tensor:
 
 def _engine_model(packed: bool):
     from rlx.engine.fsdp import build_hf_model
-    from rlx.engine.heads import apply_token_head, packed_attn_implementation
+    from rlx.engine.attention import packed_attn_implementation
+    from rlx.engine.heads import apply_token_head
 
     attn = packed_attn_implementation("cpu") if packed else "sdpa"
     model = build_hf_model(RM, "critic", torch.float32, attn_implementation=attn)

@@ -100,7 +100,7 @@ def test_tiled_layers_bitwise(tiny, tiny_model_path, mode, monkeypatch):
     n_layers = len(handle.layers)
     kw = {}
     if mode == "packed":  # one row of two sequences (150 + 150 tokens): position_ids restart, attention per sequence
-        from rlx.engine.heads import PACKED_SDPA, register_packed_attention
+        from rlx.engine.attention import PACKED_SDPA, register_packed_attention
         register_packed_attention()
         for x in (ref, m):
             x.config._attn_implementation = PACKED_SDPA

@@ -15,7 +15,8 @@ from rlx.algos import core_algos
 from rlx.config.schema import CriticModelConfig, FSDPConfig, ModelConfig, OptimConfig
 from rlx.protocol import Batch
 from rlx.engine import fsdp as F
-from rlx.engine.heads import apply_token_head, packed_attn_implementation
+from rlx.engine.attention import packed_attn_implementation
+from rlx.engine.heads import apply_token_head
 from rlx.engine.packing import micro_batches, restore_order, token_inputs
 
 log = logging.getLogger("rlx")

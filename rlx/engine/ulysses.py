@@ -125,7 +125,7 @@ def _inner_attention(module, q, k, v, dropout: float, scaling, cu_seq_lens: torc
         out = flash_attn_varlen_func(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu,
                                      longest, longest, dropout_p=dropout, softmax_scale=scaling, causal=True)
         return out.unsqueeze(0)
-    from rlx.engine.heads import _packed_sdpa
+    from rlx.engine.attention import _packed_sdpa
 
     out, _ = _packed_sdpa(module, q, k, v, None, dropout=dropout, scaling=scaling, cu_seq_lens_q=cu_seq_lens)
     return out

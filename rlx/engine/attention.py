@@ -1,0 +1,51 @@
+"""Packed rows (remove padding): several sequences in one row, `position_ids` restarting at 0 for each. The
+attention must not cross sequences; `cu_seq_lens` (`[n + 1]` int32 offsets) in the forward's kwargs tell it
+where they start. With flash-attn installed (CUDA) transformers' varlen path reads them; otherwise
+`rlx_packed_sdpa` (registered here) runs PyTorch's SDPA causally on each sequence of the row.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+PACKED_SDPA = "rlx_packed_sdpa"
+
+
+def _packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers attention interface: causal SDPA on each packed sequence (`cu_seq_lens_q`), else plain SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    assert query.shape[0] == 1, "packed rows hold one row"
+    groups = query.shape[1] // key.shape[1]
+    bounds = cu.tolist()
+    outs = []
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        k, v = key[:, :, s:e], value[:, :, s:e]
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        outs.append(F.scaled_dot_product_attention(query[:, :, s:e], k, v, dropout_p=dropout if module.training else 0.0,
+                                                   is_causal=True, scale=scaling))
+    out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_packed_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(PACKED_SDPA, _packed_sdpa)
+    AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
+
+
+def packed_attn_implementation(device_type: str) -> str:
+    """flash_attention_2 where flash-attn is installed on CUDA (its varlen kernel), else rlx's per-sequence SDPA."""
+    if device_type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    register_packed_attention()
+    return PACKED_SDPA
