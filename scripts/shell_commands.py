@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import operator
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -34,8 +35,9 @@ class Command:
 
 
 class Expander:
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], script: str | None = None):
         self.env = env
+        self.script = script  # the script's own path: what ${BASH_SOURCE[0]} and $0 name
         self.arrays: dict[str, list[str]] = {}
         self.unresolved: list[str] = []
 
@@ -130,6 +132,8 @@ class Expander:
         if head == "date":
             return "20260101"
         if head in ("pwd", "realpath", "dirname", "readlink", "cd"):
+            if self.script and ("BASH_SOURCE" in cmd or "$0" in cmd):  # the script's folder, the usual anchor
+                return os.path.dirname(os.path.abspath(self.script))
             return self.env["PWD"]
         if "nvidia-smi" in cmd or "nproc" in cmd or "device_count" in cmd:
             return "8"
@@ -288,7 +292,7 @@ def read_commands(path: str, modules: tuple[str, ...] = (), env: dict[str, str] 
     """Every `python[3] -m <module> ...` in the script (all modules when `modules` is empty)."""
     with open(path, encoding="utf-8", errors="replace") as f:
         text = f.read()
-    ex = Expander({**DEFAULT_ENV, **(env or {})})
+    ex = Expander({**DEFAULT_ENV, **(env or {})}, script=path)
     commands: list[Command] = []
     active = [True]  # the if-branch stack: is the current branch followed
     taken = [True]   # has a branch of the current if been followed

@@ -60,6 +60,10 @@ TINY_CONTEXT, TINY_HEADS, TINY_HIDDEN = 512, 4, 128
 MAX_PROMPT_BYTES = 240  # GSM8K prompts kept: the byte tokenizer makes one token per byte
 MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "critic.model.tokenizer_path", "data.tokenizer",
               "reward_model.model.path", "reward_model.model.input_tokenizer")
+# files a script names beside itself or in verl's tree: mapped to the checkout's copies (see map_path)
+PATH_KEYS = ("custom_reward_function.path", "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+             "actor_rollout_ref.rollout.multi_turn.function_tool_path",
+             "actor_rollout_ref.rollout.agent.agent_loop_config_path", "data.custom_cls.path")
 SP_KEYS = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
            "actor_rollout_ref.ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size")
 KEY = re.compile(r"\+{0,2}([A-Za-z_][\w]*(?:\.[\w]+)+)")
@@ -173,7 +177,7 @@ def swap(cmd: Command, data_dir: str, work: str, roots: dict[str, str], index: i
         elif key in ("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.device", "trainer.default_local_dir",
                      "actor_rollout_ref.rollout.tensor_model_parallel_size"):
             continue  # set below
-        elif key == "custom_reward_function.path":
+        elif key in PATH_KEYS:
             value = map_path(value, roots, os.path.dirname(cmd.path))
         elif key.endswith(("override_config.max_position_embeddings", "override_config.num_attention_heads")):
             continue  # set below, at least the script's value
@@ -190,8 +194,7 @@ def swap(cmd: Command, data_dir: str, work: str, roots: dict[str, str], index: i
             out.append(f"{model_key}.override_config.num_attention_heads={sp}")
     out += ["trainer.nnodes=1", f"trainer.n_gpus_per_node={world_for_check(values)}", "trainer.device=cpu",
             f"trainer.default_local_dir={os.path.join(work, 'ckpt', str(index))}"]
-    if "actor_rollout_ref.rollout.tensor_model_parallel_size" in values:
-        out.append("actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+    out.append("actor_rollout_ref.rollout.tensor_model_parallel_size=1")  # verl's default is 2: a GPU count too
     return out
 
 

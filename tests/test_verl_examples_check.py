@@ -52,6 +52,16 @@ def test_read_commands_expands_like_bash(tmp_path):
     assert cmd.unresolved == []  # $ENGINE, unset, only chose the else branch
 
 
+def test_the_scripts_own_folder_anchors_its_files(tmp_path):
+    """`$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)` (and `$(dirname "$0")`) is the script's folder, not the
+    assumed working directory: a tool config beside the script is found there."""
+    path = tmp_path / "run.sh"
+    path.write_text('HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\nUP=$(dirname "$0")\n'
+                    'python3 -m verl.trainer.main_ppo a.tool_config_path="$HERE/tool.yaml" b.dir=$UP c.cwd=$(pwd)\n')
+    [cmd] = read_commands(str(path))
+    assert cmd.args == [f"a.tool_config_path={tmp_path}/tool.yaml", f"b.dir={tmp_path}", "c.cwd=/workspace/verl"]
+
+
 def test_swap_keeps_what_divides_and_replaces_the_machine():
     values = {"trainer.nnodes": "4", "trainer.n_gpus_per_node": "8",
               "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "16"}
