@@ -20,6 +20,9 @@ def test_vllm_judge_matches_the_hf_judge():
 
     from rlx.workers.judge import Judge
 
+    import torch.distributed as dist
+
+    had_pg = dist.is_initialized()  # vLLM's in-process engine sets up a default group of one; undone at the end
     tok = AutoTokenizer.from_pretrained(resolve_model_path("builtin://tiny-qwen2"))
     common = ["reward_model.rollout.response_length=16", "reward_model.rollout.prompt_length=48",
               "trainer.n_gpus_per_node=1", "reward_model.rollout.max_num_seqs=8",
@@ -40,3 +43,5 @@ def test_vllm_judge_matches_the_hf_judge():
                 assert score == (0.0 if parsed is None else parsed)
     finally:
         vllm_judge.engine.shutdown()
+        if not had_pg and dist.is_initialized():
+            dist.destroy_process_group()

@@ -168,8 +168,8 @@ def test_entropy_keys_reach_the_engines_head(monkeypatch):
         ActorEngine(role="actor", model_cfg=ModelConfig(path="builtin://tiny-qwen2"), actor_cfg=actor, **common)
     finally:
         dist.destroy_process_group()
-    assert seen[0] == ("actor", None, dict(entropy_chunk_size=64, entropy_checkpointing=True))
-    assert seen[1] == ("ref", None, dict(entropy_chunk_size=None, entropy_checkpointing=True))
+    assert seen[0] == ("actor", None, dict(entropy_chunk_size=64, entropy_checkpointing=True, backend="torch"))
+    assert seen[1] == ("ref", None, dict(entropy_chunk_size=None, entropy_checkpointing=True, backend="torch"))
     assert seen[2][1] == 2048  # fused: the head's own chunks (it computes the entropy chunk by chunk anyway)
 
 
