@@ -22,6 +22,7 @@ LAYERS = [
     ("rlx.models", 0),             # built-in model directories (config's validation reads their layer count)
     # 1: typed config, loading, validation, device defaults
     ("rlx.config", 1),
+    ("rlx.plan", 1),               # the job plan, resolved once from the config (validation reads its roles)
     # 2: plain-Python machinery that runs without Ray (also under torchrun)
     ("rlx.engine", 2),             # FSDP engines, weights gathering, batch packing, sequence parallelism
     ("rlx.offload", 2),

@@ -1,0 +1,212 @@
+"""The job plan: what a job runs, resolved once from the config.
+
+`make_plan(cfg)` answers in one place the questions the entry point, the trainer and the workers would otherwise ask
+the config again and again:
+
+- the rollout: its engine (`rollout.name=auto` becomes vllm when vLLM is installed, else hf), how many ranks
+  generate one share of the batch together, sync or async (the agent loop);
+- the roles: the actor and its rollout always; the reference policy when a KL term needs it (actor.use_kl_loss or
+  algorithm.use_kl_in_reward); the critic for GAE; the reward model when it scores (verl's precedence: unless a
+  custom reward function is given, which a generative judge runs next to); the judge and its engine;
+- the placement: resource pools by name (nodes x GPUs per node, one bundle per GPU) and the pool each worker group
+  goes to. Today that is verl's colocated layout, one pool `trainer` shared by every group, plus the reward model's
+  own pool with reward_model.enable_resource_pool. A disaggregated rollout (GPUs of its own) is one more pool here,
+  `rollout`, with the rollout's worker group mapped to it.
+
+It is built on the driver from the validated config (trainer.device already resolved, rlx.config.device), before
+Ray starts, and handed down: the trainer builds the pools and groups it names, every worker gets it with its config
+(a small frozen dataclass, pickled with the worker's arguments). Validation reads the roles (`plan_roles`), which
+are a pure function of the config, valid on any config. Whether vLLM is installed is asked through one function,
+`vllm_installed`, passed in (tests stand it in).
+
+The engine names ("vllm", "hf") are compared here and in the rollout factory (rlx.workers.rollout) only; the role
+predicates are written here only (tests/test_plan.py checks both).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from rlx.config.agent import uses_agent_loop
+from rlx.config.device import vllm_available
+from rlx.config.schema import RLXConfig
+
+Engine = Literal["vllm", "hf"]
+VLLM: Engine = "vllm"
+HF: Engine = "hf"
+ENGINES: tuple[str, ...] = (VLLM, HF)
+"""The generation engines (the values rollout.name resolves to; reward_model.rollout.name takes them too)."""
+
+# worker groups (their Worker.NAME) and pools
+ACTOR_GROUP = "actor_rollout_ref"
+CRITIC_GROUP = "critic"
+REWARD_MODEL_GROUP = "reward_model"
+TRAINER_POOL = "trainer"
+REWARD_MODEL_POOL = "reward_model"
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """How the actor's rollout generates."""
+    engine: Engine
+    """vllm (an in-process vLLM engine per rank, weights synced from FSDP) or hf (HF generate on a plain copy of the
+    policy). actor_rollout_ref.rollout.name=auto becomes vllm when vLLM is installed, else hf."""
+    tensor_parallel_size: int
+    """Ranks that generate one share of the batch together: rollout.tensor_model_parallel_size with vLLM; 1 with hf
+    (every rank generates its own share)."""
+    mode: Literal["sync", "async"]
+    """actor_rollout_ref.rollout.mode: sync (one batched generate call) or async (verl's agent loop)."""
+    agent_loop: bool
+    """The agent loop runs the rollout (mode=async, or rollout.multi_turn.enable)."""
+    note: str | None = None
+    """Why the engine is not the one asked for (rollout.name=auto without vLLM), said once when the job starts."""
+
+
+@dataclass(frozen=True)
+class JudgePlan:
+    """How the generative judge (reward_model.judge.enable) generates its verdicts."""
+    engine: Engine
+    """reward_model.rollout.name, else the rollout's engine."""
+    tensor_parallel_size: int
+    """Ranks that judge one share of the batch together: reward_model.rollout.tensor_model_parallel_size (null: 1)
+    with vLLM; 1 with hf."""
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The roles a job builds (the actor and its rollout always)."""
+    ref: bool
+    """A reference policy: a KL term needs its log-probs (actor.use_kl_loss or algorithm.use_kl_in_reward)."""
+    critic: bool
+    """A value model: only GAE (algorithm.adv_estimator=gae) trains one."""
+    reward_model: bool
+    """The reward model scores the responses: reward_model.enable, unless custom_reward_function.path scores instead
+    (verl's precedence); a judge runs with a custom function too (the function reads its verdicts)."""
+    judge: bool
+    """The reward model is a generative judge (reward_model.judge.enable) and scores."""
+    actor: bool = True
+    """The policy, trained with FSDP (always)."""
+    rollout: bool = True
+    """The policy's generation engine (always; today in the actor's processes)."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A set of bundles (one per GPU; with trainer.device=cpu one per CPU worker slot) reserved together."""
+    nnodes: int
+    """Nodes of the pool."""
+    gpus_per_node: int
+    """Bundles per node."""
+
+    @property
+    def world_size(self) -> int:
+        """Its bundles: the ranks of each worker group placed on it."""
+        return self.nnodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the worker groups' ranks go: rank i of every group of a pool on the pool's bundle i."""
+    device: Literal["cuda", "cpu"]
+    """trainer.device, resolved: each bundle holds a GPU (cuda) or a CPU slot (cpu)."""
+    pools: dict[str, Pool]
+    """Pools by name: `trainer` (trainer.nnodes x trainer.n_gpus_per_node, shared by the colocated groups), and
+    `reward_model` with reward_model.enable_resource_pool (reward_model.nnodes x reward_model.n_gpus_per_node)."""
+    groups: dict[str, str]
+    """Each worker group the job starts (actor_rollout_ref, critic, reward_model) -> the name of its pool."""
+
+    def pool_of(self, group: str) -> Pool:
+        return self.pools[self.groups[group]]
+
+    def sharing(self, pool: str) -> int:
+        """How many worker groups share each bundle of `pool` (each takes that fraction of its GPU and CPU)."""
+        return sum(1 for p in self.groups.values() if p == pool)
+
+    @property
+    def bundles(self) -> int:
+        """Bundles of all pools together (a local Ray on CPU declares at least that many CPUs)."""
+        return sum(p.world_size for p in self.pools.values())
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What a job runs, resolved once from the config (`make_plan`)."""
+    rollout: RolloutPlan
+    """The actor's rollout: engine, tensor parallelism, mode."""
+    roles: Roles
+    """Which roles are built."""
+    judge: JudgePlan | None
+    """The judge's engine when roles.judge, else None."""
+    placement: Placement
+    """Pools and the pool of each worker group."""
+
+    @property
+    def uses_vllm(self) -> bool:
+        """Some engine of the job is vLLM (the rollout's or the judge's)."""
+        return self.rollout.engine == VLLM or (self.judge is not None and self.judge.engine == VLLM)
+
+
+# ---------------------------------------------------------------------------------------------- the role predicates
+def plan_roles(cfg: RLXConfig) -> Roles:
+    """The roles of `cfg` (pure; valid on a config that has not passed validation, which reads them)."""
+    rm = cfg.reward_model
+    scores = bool(rm.enable and (not cfg.custom_reward_function.path or rm.judge.enable))
+    return Roles(ref=bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward),
+                 critic=cfg.algorithm.adv_estimator == "gae", reward_model=scores,
+                 judge=scores and bool(rm.judge.enable))
+
+
+def reward_model_pool(cfg: RLXConfig) -> tuple[int, int] | None:
+    """(nodes, GPUs per node) of the reward model's own pool (reward_model.enable_resource_pool with a reward model
+    that scores; the values as given, validation checks them); None when it is colocated or there is none."""
+    rm = cfg.reward_model
+    if not (plan_roles(cfg).reward_model and rm.enable_resource_pool):
+        return None
+    return rm.nnodes, rm.n_gpus_per_node
+
+
+# ---------------------------------------------------------------------------------------------- engines
+def vllm_missing(name: str | None, vllm_installed: Callable[[], bool] = vllm_available) -> bool:
+    """`name` (a rollout.name) asks for vLLM, which is not installed."""
+    return name == VLLM and not vllm_installed()
+
+
+def resolve_engine(name: str, vllm_installed: Callable[[], bool] = vllm_available) -> tuple[Engine, str | None]:
+    """The engine rollout.name=`name` runs, and a note when auto fell back to hf."""
+    if name != "auto":
+        assert name in ENGINES, name  # validated
+        return name, None  # type: ignore[return-value]
+    if vllm_installed():
+        return VLLM, None
+    return HF, ("vLLM is not installed, so actor_rollout_ref.rollout.name=auto runs hf (install vLLM with "
+                "scripts/setup.sh for the fast rollout)")
+
+
+def _tp(engine: Engine, size: int | None) -> int:
+    return int(size or 1) if engine == VLLM else 1
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+def make_plan(cfg: RLXConfig, vllm_installed: Callable[[], bool] = vllm_available) -> JobPlan:
+    """The plan of a validated config (trainer.device resolved)."""
+    r, t = cfg.actor_rollout_ref.rollout, cfg.trainer
+    engine, note = resolve_engine(r.name, vllm_installed)
+    rollout = RolloutPlan(engine=engine, tensor_parallel_size=_tp(engine, r.tensor_model_parallel_size),
+                          mode=r.mode, agent_loop=uses_agent_loop(r), note=note)
+    roles = plan_roles(cfg)
+    judge = None
+    if roles.judge:
+        jr = cfg.reward_model.rollout
+        judge_engine = jr.name or engine
+        judge = JudgePlan(engine=judge_engine, tensor_parallel_size=_tp(judge_engine, jr.tensor_model_parallel_size))
+    pools = {TRAINER_POOL: Pool(t.nnodes, t.n_gpus_per_node)}
+    groups = {ACTOR_GROUP: TRAINER_POOL}
+    if roles.critic:
+        groups[CRITIC_GROUP] = TRAINER_POOL
+    if roles.reward_model:
+        own = reward_model_pool(cfg)
+        if own is not None:
+            pools[REWARD_MODEL_POOL] = Pool(*own)
+        groups[REWARD_MODEL_GROUP] = REWARD_MODEL_POOL if own is not None else TRAINER_POOL
+    placement = Placement(device=t.device, pools=pools, groups=groups)
+    return JobPlan(rollout=rollout, roles=roles, judge=judge, placement=placement)
