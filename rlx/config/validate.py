@@ -15,10 +15,11 @@ from rlx.algos.policy_losses import LOSS_MODES
 from rlx.config.deprecated import DIVIDED_BY, data_parallel_size
 from rlx.config.profiler import TORCH_CONTENTS
 from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, NOT_SUPPORTED_REASONS, RLXConfig
+from rlx.plan import ENGINES, plan_roles, reward_model_pool, vllm_missing
 
 STRATEGIES = ("fsdp", "fsdp2")
 VERL_ENGINE_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")  # the values verl's FSDP engine config accepts
-ROLLOUT_NAMES = ("auto", "vllm", "hf")  # sglang: refused by name (_check_agent)
+ROLLOUT_NAMES = ("auto",) + ENGINES  # sglang: refused by name (_check_agent)
 TRUNCATIONS = ("error", "left", "right", "middle")
 LOGGERS = ("console", "file", "tensorboard", "wandb", "swanlab")
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
@@ -83,11 +84,11 @@ SP_ROLES = (("actor_rollout_ref.actor", "actor_rollout_ref.model"),
 def _built_roles(cfg):
     """(role key, model key prefix) of each role the job builds: the actor, the ref with a KL term, the critic
     with GAE."""
-    ref_built = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    roles = plan_roles(cfg)
     for role, model_prefix in SP_ROLES:
-        if role == "actor_rollout_ref.ref" and not ref_built:
+        if role == "actor_rollout_ref.ref" and not roles.ref:
             continue
-        if role == "critic" and cfg.algorithm.adv_estimator != "gae":
+        if role == "critic" and not roles.critic:
             continue
         yield role, model_prefix
 
@@ -222,7 +223,7 @@ def _check_offload(cfg, errors):
                           f"got {strategy_key}={strategy!r}. Fix: set {strategy_key}=fsdp2, or "
                           f"{prefix}.enable_activation_offload=False.")
             continue
-        if role == "critic" and cfg.algorithm.adv_estimator != "gae":
+        if role == "critic" and not plan_roles(cfg).critic:
             continue  # no critic is built
         layers = model.override_config.get("num_hidden_layers") or num_hidden_layers(model.path)
         if layers is not None and layers < 3:
@@ -260,8 +261,9 @@ def _check_batch_sizes(cfg, errors):
         errors.append(f"data.train_batch_size * actor_rollout_ref.rollout.n = {tbs}*{n} = {tbs * n} sequences do not "
                       f"divide across world size {ws} (trainer.nnodes * trainer.n_gpus_per_node); choose sizes so "
                       f"that it divides.")
+    built = plan_roles(cfg)
     roles = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor)]
-    if cfg.algorithm.adv_estimator == "gae":
+    if built.critic:
         roles.append(("critic", cfg.critic))
     for prefix, role in roles:
         mini, micro = role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_gpu
@@ -285,7 +287,7 @@ def _check_batch_sizes(cfg, errors):
             errors.append(f"{prefix}.ppo_micro_batch_size_per_gpu={micro!r} must be a positive integer (or set "
                           f"{prefix}.use_dynamic_bsz=True with {prefix}.ppo_max_token_len_per_gpu).")
     log_prob_roles = [("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz")]
-    if cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:  # a ref is built (as verl asks)
+    if built.ref:  # (as verl asks)
         log_prob_roles.append(("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz"))
     for prefix, dyn in log_prob_roles:
         if _get(cfg, f"{prefix}.{dyn}"):
@@ -296,7 +298,7 @@ def _check_batch_sizes(cfg, errors):
         value = _get(cfg, key)
         if value is None or value <= 0:
             errors.append(f"{key}={value!r} must be a positive integer (or set {prefix}.{dyn}=True).")
-    if cfg.algorithm.adv_estimator == "gae":
+    if built.critic:
         c = cfg.critic
         if c.use_dynamic_bsz:
             _positive(errors, "critic.forward_max_token_len_per_gpu", c.forward_max_token_len_per_gpu,
@@ -447,7 +449,7 @@ def _check_algorithm(cfg, errors):
     _choice(errors, "actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES)
     _choice(errors, "algorithm.kl_penalty", alg.kl_penalty, KL_TYPES)
     _choice(errors, "algorithm.kl_ctrl.type", alg.kl_ctrl.type, KL_CTRL_TYPES)
-    if alg.adv_estimator == "gae":
+    if plan_roles(cfg).critic:
         _choice(errors, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
     if actor.clip_ratio_c <= 1.0:
         errors.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual clip).")
@@ -494,7 +496,7 @@ def _check_rollout(cfg, errors):
     r = cfg.actor_rollout_ref.rollout
     if r.name != "sglang":  # named in _check_agent
         _choice(errors, "actor_rollout_ref.rollout.name", r.name, ROLLOUT_NAMES)
-    if r.name == "vllm" and importlib.util.find_spec("vllm") is None:
+    if vllm_missing(r.name):
         from rlx.config.device import VLLM_INSTALL_HINT
         errors.append(f"actor_rollout_ref.rollout.name=vllm but vLLM is not installed. {VLLM_INSTALL_HINT} "
                       f"Or use actor_rollout_ref.rollout.name=hf.")
@@ -513,8 +515,9 @@ def _check_rollout(cfg, errors):
                       f"Fix: actor_rollout_ref.rollout.tensor_model_parallel_size=1.")
     engine_kwargs = r.engine_kwargs or {}
     if "vllm" in engine_kwargs:  # verl's layout {vllm: {...}, sglang: {...}}: rlx's engine is vLLM
-        for other, value in engine_kwargs.items():
-            if other != "vllm" and (not isinstance(value, dict) or any(v is not None for v in value.values())):
+        for other in sorted(set(engine_kwargs) - {"vllm"}):
+            value = engine_kwargs[other]
+            if not isinstance(value, dict) or any(v is not None for v in value.values()):
                 errors.append(f"actor_rollout_ref.rollout.engine_kwargs.{other}={value!r} configures another engine; "
                               f"rlx's rollout engine is vLLM. Fix: remove it, or move its keys under "
                               f"actor_rollout_ref.rollout.engine_kwargs.vllm.")
@@ -524,15 +527,6 @@ def _check_rollout(cfg, errors):
     if r.max_model_len is not None and r.max_model_len < need:
         errors.append(f"actor_rollout_ref.rollout.max_model_len={r.max_model_len} is smaller than data.max_prompt_length"
                       f" + data.max_response_length = {need}; raise max_model_len or shorten the lengths.")
-
-
-def reward_pool_size(cfg) -> int | None:
-    """The reward model's own pool (reward_model.enable_resource_pool=True with a reward model that scores): its
-    world size; None when it is colocated with the actor (or there is none)."""
-    rm = cfg.reward_model
-    if not (rm.enable and rm.enable_resource_pool and not cfg.custom_reward_function.path):
-        return None
-    return rm.nnodes * rm.n_gpus_per_node
 
 
 def _check_reward_pool(cfg, errors):
@@ -571,7 +565,7 @@ def _check_reward_model(cfg, errors):
     elif (rm.micro_batch_size_per_gpu or rm.micro_batch_size) <= 0:
         errors.append(f"reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu!r} must be positive.")
     name = rm.rollout.name
-    if name not in (None, "vllm", "hf"):
+    if name is not None and name not in ENGINES:
         errors.append(f"reward_model.rollout.name={name!r}: rlx scores a reward model with its FSDP worker (the "
                       f"classifier's last-token output, what vLLM's classify returns) or generates a judge's "
                       f"verdicts with vLLM or HF; sglang and trtllm are not supported. Fix: "
@@ -624,8 +618,7 @@ def _check_judge(cfg, errors):
     for key in ("prompt_length", "response_length"):
         if getattr(r, key) is not None and getattr(r, key) <= 0:
             errors.append(f"reward_model.rollout.{key}={getattr(r, key)} must be positive (or null: 2048).")
-    engine = r.name or cfg.actor_rollout_ref.rollout.name
-    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+    if vllm_missing(r.name or cfg.actor_rollout_ref.rollout.name):
         from rlx.config.device import VLLM_INSTALL_HINT
         errors.append(f"the judge generates with vLLM (reward_model.rollout.name={r.name!r}, "
                       f"actor_rollout_ref.rollout.name={cfg.actor_rollout_ref.rollout.name!r}) but vLLM is not "
@@ -869,9 +862,10 @@ def profiler_roles(cfg) -> dict:
     arr = cfg.actor_rollout_ref
     roles = {"actor_rollout_ref.actor.profiler": arr.actor.profiler,
              "actor_rollout_ref.rollout.profiler": arr.rollout.profiler}
-    if arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+    built = plan_roles(cfg)
+    if built.ref:
         roles["actor_rollout_ref.ref.profiler"] = arr.ref.profiler
-    if cfg.algorithm.adv_estimator == "gae":
+    if built.critic:
         roles["critic.profiler"] = cfg.critic.profiler
     return roles
 
@@ -938,7 +932,7 @@ def _check_device(cfg, errors):
     elif t.n_gpus_per_node > gpus:
         errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} but this machine has {gpus} GPU(s). Fix: "
                       f"trainer.n_gpus_per_node={gpus}.")
-    elif _valid_pool(cfg) and reward_pool_size(cfg) is not None:
+    elif _valid_pool(cfg) and reward_model_pool(cfg) is not None:
         rm = cfg.reward_model
         if rm.nnodes > 1:
             errors.append(f"reward_model.nnodes={rm.nnodes} needs a Ray cluster of that many nodes; this run starts a "
