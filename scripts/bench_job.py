@@ -133,10 +133,12 @@ def job_overrides(a, rollout: str, model: str, out: str) -> list[str]:
 
 def run_job(overrides: list[str]) -> tuple[list[dict], float]:
     from rlx.config import load_config
+    from rlx.plan import make_plan
     from rlx.trainer.main_ppo import run
 
     start = time.perf_counter()
-    trainer = run(load_config(overrides, config_name="quickstart"))
+    cfg = load_config(overrides, config_name="quickstart")
+    trainer = run(cfg, make_plan(cfg))
     return trainer.history, time.perf_counter() - start
 
 

@@ -45,7 +45,7 @@ def main(out_dir: str, runs_file: str) -> None:
         setattr(group.WorkerGroup, name, getattr(InProcessGroup, name))
     console.announce_worker_logs = lambda: None
     ray.is_initialized = lambda: True  # "someone else's Ray": main_ppo neither starts nor stops one
-    main_ppo.init_ray = lambda cfg: None
+    main_ppo.init_ray = lambda cfg, plan: None
 
     reward_file = os.path.join(out_dir, "reward.py")
     with open(reward_file, "w") as f:

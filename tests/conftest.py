@@ -23,11 +23,11 @@ def load_config(overrides=None, config_dir=None, config_name: str = QUICKSTART, 
 def fit_job(overrides, tmp_path, config_name: str = QUICKSTART):
     """Build `config_name` with `overrides` (checkpoints and logs under tmp_path), start its Ray worker groups, run
     `fit()`, shut down: (the per-step metrics, the parameter checksum before, after)."""
-    from rlx.trainer.main_ppo import choose_rollout
+    from rlx.plan import make_plan
     from rlx.trainer.ppo_trainer import RayPPOTrainer
 
     cfg = load_config(list(overrides) + [f"trainer.default_local_dir={tmp_path}"], config_name=config_name)
-    trainer = RayPPOTrainer(cfg, choose_rollout(cfg))
+    trainer = RayPPOTrainer(cfg, make_plan(cfg))
     trainer.init_workers()
     before = trainer.param_checksum()
     history = trainer.fit()

@@ -70,11 +70,11 @@ class InProcessGroup:
     """`WorkerGroup`'s methods for one rank living in this process (patched into the class, so that the role
     groups deriving from it use them)."""
 
-    def __init__(self, worker_cls, pool, cfg):
+    def __init__(self, worker_cls, pool, *args):
         import socket
 
         self.pool, self.world_size = pool, 1
-        self.worker = worker_cls(cfg, 0, 1)
+        self.worker = worker_cls(*args, 0, 1)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -151,7 +151,7 @@ def agent_multi_turn(worker, work: str) -> None:
     rollout_cfg = dataclasses.replace(r, mode="async", multi_turn=multi_turn, agent=agent)
     tok = copy.deepcopy(worker.tokenizer)
     tok.chat_template = agent_helpers.TEMPLATE
-    runner = AgentRollout(worker.rollout, "hf", tok, rollout_cfg, max_prompt_length=64, max_response_length=48,
+    runner = AgentRollout(worker.rollout, worker.plan.rollout.engine, tok, rollout_cfg, max_prompt_length=64, max_response_length=48,
                           pad_token_id=tok.pad_token_id)
     ids = torch.tensor([tok.encode("1 2 ->", add_special_tokens=False)])
     batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)},
@@ -167,6 +167,7 @@ def main(out_path: str) -> None:
 
     from rlx import checkpoint as ckpt
     from rlx.config import load_config
+    from rlx.plan import make_plan
     from rlx.trainer import console, main_ppo
     from rlx.workers import group
 
@@ -223,7 +224,7 @@ def main(out_path: str) -> None:
         shutdown(self)
 
     RayPPOTrainer.shutdown = keep_groups
-    trainer = main_ppo.run(cfg)
+    trainer = main_ppo.run(cfg, make_plan(cfg))
     trainer.actor, trainer.critic = trainer.kept
     # resume from the checkpoint just saved (load_contents), then look for one after damaging it
     trainer.resume_dir = ckpt.find_resume_dir(cfg.trainer)
@@ -255,11 +256,12 @@ def main(out_path: str) -> None:
         rm, enable=True, use_dynamic_bsz=True,
         rollout=dataclasses.replace(rm.rollout, prompt_length=32, response_length=32),
         model=dataclasses.replace(rm.model, path="builtin://tiny-qwen2-rm", input_tokenizer=arr.model.path)))
-    from rlx.trainer.ppo_trainer import reward_model_pool
-
     own_pool = dataclasses.replace(rm_cfg, reward_model=dataclasses.replace(  # on a pool of its own (of one rank)
-        rm_cfg.reward_model, enable_resource_pool=True, nnodes=1, n_gpus_per_node=1))
-    trainer.rm = RewardModelGroup(reward_model_pool(own_pool, None), rm_cfg)
+        rm_cfg.reward_model, enable_resource_pool=True, nnodes=1, n_gpus_per_node=1),
+        custom_reward_function=dataclasses.replace(rm_cfg.custom_reward_function, path=None))  # (the rm scores)
+    plan = make_plan(own_pool)
+    assert plan.placement.pool_of("reward_model").world_size == 1
+    trainer.rm = RewardModelGroup(InProcessPool(1, 1, "cpu", 1), rm_cfg, plan)
     trainer.rm.init_model()
     trainer.score(trainer.generate(trainer.train_loader.next_batch(), validate=False), {})
     # the reward model as a generative judge (reward_model.judge.*) on the HF engine; its vLLM engine further down
@@ -268,8 +270,9 @@ def main(out_path: str) -> None:
                                                  do_sample=True),
         rollout=dataclasses.replace(rm.rollout, name="hf", prompt_length=32, response_length=4),
         model=dataclasses.replace(rm.model, path=arr.model.path)))
-    trainer.rm = RewardModelGroup(InProcessPool(1, 1, "cpu", 1), judge_cfg)
-    trainer.rm.init_model("hf")
+    trainer.rm = RewardModelGroup(InProcessPool(1, 1, "cpu", 1), judge_cfg, make_plan(judge_cfg))
+    assert trainer.rm.judge.engine == "hf"
+    trainer.rm.init_model()
     trainer.score(trainer.generate(trainer.train_loader.next_batch(), validate=False), {})
     # the agent loop (rollout.mode=async, multi_turn.*) on the worker's HF rollout: a tool_agent that calls a tool
     agent_multi_turn(trainer.actor.worker, work)
@@ -300,7 +303,8 @@ def main(out_path: str) -> None:
 
     vllm_judge = dataclasses.replace(judge_cfg, reward_model=dataclasses.replace(
         judge_cfg.reward_model, rollout=dataclasses.replace(judge_cfg.reward_model.rollout, name="vllm")))
-    Judge(vllm_judge, worker.tokenizer, rank=0, world_size=1, device=worker.device, rollout_name="vllm")
+    Judge(vllm_judge, worker.tokenizer, rank=0, world_size=1, device=worker.device,
+          engine=make_plan(vllm_judge).judge.engine)
 
     with open(out_path, "w") as f:
         json.dump({"reads": {k: sorted(v) for k, v in sorted(READS.items())}}, f, indent=1)

@@ -128,8 +128,10 @@ def test_relative_outputs_outside_a_ray_job_are_fine(monkeypatch):
 INIT_RAY = """
 import ray
 from rlx.config import load_config
+from rlx.plan import make_plan
 from rlx.trainer.main_ppo import init_ray
-init_ray(load_config(["trainer.device=cpu", "ray_init.num_cpus=1"], config_name="quickstart"))
+cfg = load_config(["trainer.device=cpu", "ray_init.num_cpus=1"], config_name="quickstart")
+init_ray(cfg, make_plan(cfg))
 print("GCS", ray.get_runtime_context().gcs_address, flush=True)
 ray.shutdown()
 """

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from rlx.trainer.main_ppo import choose_rollout
+from rlx.plan import make_plan
 from rlx.trainer.ppo_trainer import RayPPOTrainer
 
 from conftest import REPO, fit_job, load_config  # load_config: the quickstart job's config
@@ -219,7 +219,7 @@ def test_verl_grpo_offload_command_runs_with_remove_padding_and_dynamic_bsz(ray_
     cfg = load_config(VERL_GRPO_OFFLOAD + ["actor_rollout_ref.model.activation_offload.min_tensor_bytes=0",
                                            f"trainer.default_local_dir={tmp_path}"])
     assert cfg.actor_rollout_ref.model.use_remove_padding and cfg.actor_rollout_ref.actor.use_dynamic_bsz
-    trainer = RayPPOTrainer(cfg, choose_rollout(cfg))
+    trainer = RayPPOTrainer(cfg, make_plan(cfg))
     trainer.init_workers()
     before = trainer.param_checksum()
     history = trainer.fit()
@@ -256,10 +256,10 @@ def test_verl_quickstart_ppo_command_runs_gae_with_a_critic(ray_local, tmp_path)
     argv += ["trainer.device=cpu", f"trainer.default_local_dir={tmp_path}/ckpt"]
     cfg = load_base_config(argv)
     assert cfg.algorithm.adv_estimator == "gae" and cfg.actor_rollout_ref.rollout.n == 1
-    assert unused_section_notes(argv, cfg) == [
+    assert unused_section_notes(argv, cfg, make_plan(cfg)) == [
         "rlx: note: actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu unused: no reference policy is built "
         "(actor_rollout_ref.actor.use_kl_loss=False and algorithm.use_kl_in_reward=False)"]
-    trainer = run(cfg)  # the entry point's run: preflight, the worker groups on this Ray, fit, shutdown
+    trainer = run(cfg, make_plan(cfg))  # the entry point's run: preflight, the worker groups on this Ray, fit, shutdown
     assert trainer.use_critic and not trainer.use_ref
     assert len(trainer.history) == 2  # 4 rows / 2 per batch, 1 epoch
     for m in trainer.history:

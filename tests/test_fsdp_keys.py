@@ -16,10 +16,11 @@ TIMEOUT_S = 3
 
 def _late_collective(rank: int, port: int, out: str) -> None:
     """The actor worker joins its group; rank 1 never enters the all-reduce rank 0 waits in."""
+    from rlx.plan import make_plan
     from rlx.workers.actor_worker import ActorRolloutRefWorker
 
     cfg = load_config(["trainer.device=cpu", f"actor_rollout_ref.nccl_timeout={TIMEOUT_S}"], validate=False)
-    worker = ActorRolloutRefWorker(cfg, rank, 2)
+    worker = ActorRolloutRefWorker(cfg, make_plan(cfg), rank, 2)
     worker.init_distributed("127.0.0.1", port)
     if rank == 1:
         time.sleep(4 * TIMEOUT_S)  # long enough for rank 0 to give up; then leave without joining

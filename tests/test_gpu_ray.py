@@ -5,6 +5,7 @@ the machine has them (the layout that once put two actor ranks on one GPU)."""
 import pytest
 import torch
 
+from rlx.plan import make_plan
 from rlx.trainer.ppo_trainer import RayPPOTrainer
 
 from conftest import load_config  # the quickstart job's config
@@ -27,7 +28,7 @@ def _train(overrides, tmp_path):
     cfg = load_config(TINY + overrides + [f"trainer.default_local_dir={tmp_path}"])
     assert cfg.trainer.device == "cuda"  # the default, auto, found the GPU
     assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision["param_dtype"] == "bf16"
-    trainer = RayPPOTrainer(cfg, "hf")
+    trainer = RayPPOTrainer(cfg, make_plan(cfg))
     trainer.init_workers()
     try:
         before = trainer.param_checksum()

@@ -5,14 +5,15 @@ import shutil
 import pytest
 
 from test_e2e import SMALL
+from rlx.plan import make_plan
 from rlx.trainer.ppo_trainer import RayPPOTrainer
 
 from conftest import load_config  # the quickstart job's config
 
 
 def run(overrides):
-    cfg = load_config(SMALL + overrides)
-    trainer = RayPPOTrainer(cfg, "hf")
+    cfg = load_config(SMALL + overrides + ["actor_rollout_ref.rollout.name=hf"])
+    trainer = RayPPOTrainer(cfg, make_plan(cfg))
     try:
         return trainer.fit()
     finally:

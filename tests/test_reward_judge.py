@@ -120,7 +120,7 @@ def hf_judge():
     cfg = load_config(JUDGE + ["reward_model.rollout.response_length=10", "trainer.n_gpus_per_node=1",
                                "reward_model.judge.prompt_template='{question} {response} {ground_truth} Score:'"])
     tok = AutoTokenizer.from_pretrained(resolve_model_path("builtin://tiny-qwen2"))
-    return Judge(cfg, tok, rank=0, world_size=1, device=torch.device("cpu"), rollout_name="hf"), tok
+    return Judge(cfg, tok, rank=0, world_size=1, device=torch.device("cpu"), engine="hf"), tok
 
 
 def test_judge_scores_its_own_greedy_verdicts(hf_judge):

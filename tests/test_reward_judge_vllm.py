@@ -28,10 +28,10 @@ def test_vllm_judge_matches_the_hf_judge():
               "trainer.n_gpus_per_node=1", "reward_model.rollout.max_num_seqs=8",
               "reward_model.judge.prompt_template='{question}{response} Rate 0-9. Score:'"]
     batch = _batch(tok, ["3 5 0 3 ->", "9 9 ->", "1 ->", "4 4 4 ->"], ["3", "9 8", "1", "x 44"], [None] * 4)
-    hf = Judge(load_config(JUDGE + common), tok, rank=0, world_size=1, device=torch.device("cpu"), rollout_name="hf")
+    hf = Judge(load_config(JUDGE + common), tok, rank=0, world_size=1, device=torch.device("cpu"), engine="hf")
     expected = hf.score(batch)
     vllm_judge = Judge(load_config(JUDGE[:-1] + ["reward_model.rollout.name=vllm"] + common), tok, rank=0,
-                       world_size=1, device=torch.device("cpu"), rollout_name="hf")
+                       world_size=1, device=torch.device("cpu"), engine="hf")
     try:
         assert vllm_judge.engine_name == "vllm"
         assert vllm_judge.engine.max_response_length == 16 and vllm_judge.engine.cfg.load_format == "auto"

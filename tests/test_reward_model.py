@@ -8,6 +8,7 @@ import torch
 from rlx.data.rm_inputs import place_scores, retemplated, same_tokenizer
 from rlx.engine.packing import last_token_inputs
 from rlx.models import resolve_model_path
+from rlx.plan import make_plan
 from rlx.protocol import Batch
 
 RM = "builtin://tiny-qwen2-rm"
@@ -101,8 +102,8 @@ def test_ppo_scored_by_a_reward_model_through_ray(ray_local, tmp_path):
                        "reward_model.micro_batch_size_per_gpu=3", "reward_model.model.use_remove_padding=True",
                        "trainer.total_training_steps=1", "data.train_batch_size=4", "trainer.val_before_train=False",
                        "trainer.test_freq=-1", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                       f"trainer.default_local_dir={tmp_path}"])
-    trainer = RayPPOTrainer(cfg, "hf")
+                       "actor_rollout_ref.rollout.name=hf", f"trainer.default_local_dir={tmp_path}"])
+    trainer = RayPPOTrainer(cfg, make_plan(cfg))
     try:
         trainer.init_workers()
         prompts = trainer.train_loader.next_batch()
@@ -165,7 +166,7 @@ def test_verl_reward_loop_command_keys():
 
 def test_reward_model_on_a_pool_of_its_own_needs_both_sizes():
     from conftest import load_config
-    from rlx.config.validate import reward_pool_size
+    from rlx.plan import REWARD_MODEL_GROUP, Pool, make_plan
     from rlx.trainer.check import describe
 
     with pytest.raises(ValueError) as err:
@@ -177,10 +178,13 @@ def test_reward_model_on_a_pool_of_its_own_needs_both_sizes():
                               "reward_model.n_gpus_per_node=0"])
     own = RM_JOB + ["reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=3"]
     cfg = load_config(own)
-    assert reward_pool_size(cfg) == 3
-    assert "the reward model on its own 1 node(s) x 3 = 3 rank(s)" in describe(cfg)
-    assert reward_pool_size(load_config(RM_JOB)) is None  # colocated (verl's default)
-    assert "own" not in describe(load_config(RM_JOB)).split("roles")[0]
+    plan = make_plan(cfg)
+    assert plan.placement.pool_of(REWARD_MODEL_GROUP) == Pool(1, 3) and plan.placement.sharing("trainer") == 2
+    assert "the reward model on its own 1 node(s) x 3 = 3 rank(s)" in describe(cfg, plan)
+    colocated = load_config(RM_JOB)  # verl's default
+    plan = make_plan(colocated)
+    assert plan.placement.groups[REWARD_MODEL_GROUP] == "trainer" and plan.placement.sharing("trainer") == 3
+    assert "own" not in describe(colocated, plan).split("roles")[0]
 
 
 @pytest.mark.slow
@@ -196,15 +200,16 @@ def test_reward_model_on_its_own_pool_scores_as_colocated(ray_local, tmp_path):
                        "reward_model.enable_resource_pool=True", "reward_model.nnodes=1",
                        "reward_model.n_gpus_per_node=1", "reward_model.micro_batch_size_per_gpu=3",
                        "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                       "trainer.val_before_train=False", f"trainer.default_local_dir={tmp_path}"])
-    trainer = RayPPOTrainer(cfg, "hf")
+                       "trainer.val_before_train=False", "actor_rollout_ref.rollout.name=hf",
+                       f"trainer.default_local_dir={tmp_path}"])
+    trainer = RayPPOTrainer(cfg, make_plan(cfg))
     try:
         trainer.init_workers()
-        assert trainer.rm.pool is not trainer.pool and trainer.rm.world_size == 1
-        assert (trainer.pool.roles, trainer.rm.pool.roles) == (1, 1)  # the actor alone; the reward model alone
+        assert trainer.rm.pool is not trainer.actor.pool and trainer.rm.world_size == 1
+        assert (trainer.actor.pool.roles, trainer.rm.pool.roles) == (1, 1)  # the actor alone; the reward model alone
         tables = placement_group_table()
         assert tables[trainer.rm.pool.pg.id.hex()]["bundles"] == {0: {"CPU": 1.0}}
-        assert trainer.rm.pool.pg.id != trainer.pool.pg.id
+        assert trainer.rm.pool.pg.id != trainer.actor.pool.pg.id
         batch = trainer.generate(trainer.train_loader.next_batch(), validate=False)
         scores, _ = trainer.score(batch, {})
         actor, rm = _tokenizer("builtin://tiny-qwen2"), _tokenizer(RM)

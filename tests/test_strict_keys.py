@@ -329,7 +329,7 @@ def test_reward_column_generations_and_ignore_eos_end_to_end(ray_local, tmp_path
     import pyarrow.parquet as pq
 
     from rlx.data import synthetic
-    from rlx.trainer.main_ppo import choose_rollout
+    from rlx.plan import make_plan
     from rlx.trainer.ppo_trainer import RayPPOTrainer
 
     for name, size in (("train", 8), ("val", 3)):
@@ -342,7 +342,7 @@ def test_reward_column_generations_and_ignore_eos_end_to_end(ray_local, tmp_path
                        "data.max_response_length=6", "trainer.total_training_steps=1", "data.train_batch_size=4",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.logger=[console]",
                        f"trainer.default_local_dir={tmp_path}/out"])
-    trainer = RayPPOTrainer(cfg, choose_rollout(cfg))
+    trainer = RayPPOTrainer(cfg, make_plan(cfg))
     try:
         [metrics] = trainer.fit()
     finally:

@@ -11,6 +11,7 @@ import yaml
 from rlx.config import load_config as load_base_config
 from rlx.config.loader import SCHEMA_KEYS, SECTION_KEYS, compose, to_typed
 from rlx.config.schema import VERL_DEFAULT_EXCEPTIONS
+from rlx.plan import make_plan
 from rlx.trainer import main_ppo
 
 from conftest import load_config
@@ -143,20 +144,24 @@ def test_cfg_job_and_help_with_the_quickstart_config(capsys):
 
 
 # ---- unused sections are said -------------------------------------------------------------------------------------
+def _with_plan(cfg):
+    return cfg, make_plan(cfg)
+
+
 def test_critic_keys_with_grpo_are_named_once():
     argv = ["critic.optim.lr=1e-5", "critic.model.path=builtin://tiny-qwen2", "critic.optim.lr=2e-5"]  # named once
-    notes = main_ppo.unused_section_notes(argv, load_config(argv))
+    notes = main_ppo.unused_section_notes(argv, *_with_plan(load_config(argv)))
     assert notes == ["rlx: note: critic.optim.lr, critic.model.path unused: algorithm.adv_estimator=grpo trains no "
                      "critic (only gae does)"]
     gae = argv + ["algorithm.adv_estimator=gae"]
-    assert main_ppo.unused_section_notes(gae, load_config(gae)) == []
+    assert main_ppo.unused_section_notes(gae, *_with_plan(load_config(gae))) == []
 
 
 @pytest.mark.parametrize("kl,unused", [([], True), (["actor_rollout_ref.actor.use_kl_loss=True"], False),
                                        (["algorithm.use_kl_in_reward=True"], False)])
 def test_ref_keys_without_a_kl_term_are_named(kl, unused):
     argv = ["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4"] + kl
-    notes = main_ppo.unused_section_notes(argv, load_config(argv))
+    notes = main_ppo.unused_section_notes(argv, *_with_plan(load_config(argv)))
     assert notes == (["rlx: note: actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu unused: no reference "
                       "policy is built (actor_rollout_ref.actor.use_kl_loss=False and "
                       "algorithm.use_kl_in_reward=False)"] if unused else [])

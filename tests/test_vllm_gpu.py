@@ -48,9 +48,10 @@ def default_job(*overrides: str):
 
 
 def _fit(cfg):
+    from rlx.plan import make_plan
     from rlx.trainer.ppo_trainer import RayPPOTrainer
 
-    trainer = RayPPOTrainer(cfg, "vllm")
+    trainer = RayPPOTrainer(cfg, make_plan(cfg))
     trainer.init_workers()
     try:
         history = trainer.fit()

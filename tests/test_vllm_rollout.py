@@ -365,6 +365,7 @@ def test_worker_wakes_in_stages_around_the_sync(state, monkeypatch):
     from rlx.config import load_config
     from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig
     from rlx.engine.actor import ActorEngine
+    from rlx.plan import make_plan
     from rlx.workers.actor_worker import ActorRolloutRefWorker
     from rlx.workers.profiling import WorkerProfiler
 
@@ -372,7 +373,7 @@ def test_worker_wakes_in_stages_around_the_sync(state, monkeypatch):
                        "actor_rollout_ref.rollout.multi_stage_wake_up=True"], config_name="quickstart")
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
     worker.cfg, worker.rank, worker.world_size, worker.device = cfg, 0, 1, torch.device("cpu")
-    worker.rollout, worker.rollout_name = state.rollout, "vllm"
+    worker.rollout, worker.plan = state.rollout, make_plan(cfg)  # (rollout.name=auto: vLLM, installed here)
     worker.profiler = WorkerProfiler(worker.NAME, {}, cfg.global_profiler, 0, worker.device)  # (traces nothing)
     worker.agent = None  # the sync rollout (rollout.mode=sync)
     worker.actor = ActorEngine(role="actor", model_cfg=ModelConfig(path=state.path), actor_cfg=ActorConfig(),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RLXConfig
+    from rlx.plan import JobPlan
     from rlx.trainer.preflight import DriverInputs
 
 
@@ -33,25 +34,24 @@ def _offload(fsdp_cfg) -> str:
     return "+".join(parts) if parts else "none"
 
 
-def rollout_engine(cfg: RLXConfig) -> str:
-    """The engine `rollout.name` picks on this machine (auto: vllm when it is installed, else hf), without logging."""
-    from rlx.config.device import vllm_available
-
-    name = cfg.actor_rollout_ref.rollout.name
-    if name != "auto":
-        return name
-    return "vllm (rollout.name=auto)" if vllm_available() else "hf (rollout.name=auto; vLLM is not installed here)"
+def rollout_engine(cfg: RLXConfig, plan: JobPlan) -> str:
+    """The plan's rollout engine, and why when rollout.name=auto chose it."""
+    engine = plan.rollout.engine
+    if cfg.actor_rollout_ref.rollout.name != "auto":
+        return engine
+    return f"{engine} (rollout.name=auto" + ("; vLLM is not installed here)" if plan.rollout.note else ")")
 
 
-def describe(cfg: RLXConfig, inputs: DriverInputs | None = None) -> str:
-    """The roles, world, engines and memory settings a run of `cfg` would use, one line per topic."""
-    from rlx.config.validate import reward_pool_size, world_size
+def describe(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None) -> str:
+    """The roles, world, engines and memory settings a run of `cfg` would use (`plan`: its job plan), one line per
+    topic."""
+    from rlx.plan import ACTOR_GROUP, REWARD_MODEL_GROUP
 
     arr, alg, t = cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
     actor, ref, rollout, model = arr.actor, arr.ref, arr.rollout, arr.model
-    ws = world_size(cfg)
-    use_ref = actor.use_kl_loss or alg.use_kl_in_reward
-    use_critic = alg.adv_estimator == "gae"
+    placement = plan.placement
+    ws = placement.pool_of(ACTOR_GROUP).world_size
+    use_ref, use_critic = plan.roles.ref, plan.roles.critic
     lines = ["rlx: check passed: the command composes, validates and passes the preflight (Ray not started).",
              "What it would run:"]
 
@@ -66,9 +66,11 @@ def describe(cfg: RLXConfig, inputs: DriverInputs | None = None) -> str:
     row("algorithm", f"{alg.adv_estimator}, {rollout.n} response(s) per prompt, policy loss "
                      f"{actor.policy_loss.loss_mode}, {actor.loss_agg_mode}" + (f"; {'; '.join(kl)}" if kl else ""))
     dist = "nccl" if t.device == "cuda" else "gloo"
-    rm_pool = reward_pool_size(cfg)
-    own = (f"; the reward model on its own {cfg.reward_model.nnodes} node(s) x {cfg.reward_model.n_gpus_per_node} = "
-           f"{rm_pool} rank(s)") if rm_pool is not None else ""
+    own = ""
+    if plan.roles.reward_model and placement.groups[REWARD_MODEL_GROUP] != placement.groups[ACTOR_GROUP]:
+        rm_pool = placement.pool_of(REWARD_MODEL_GROUP)
+        own = (f"; the reward model on its own {rm_pool.nnodes} node(s) x {rm_pool.gpus_per_node} = "
+               f"{rm_pool.world_size} rank(s)")
     row("world", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {ws} rank(s) per role, device {t.device} ({dist})"
         + own)
     roles = ["actor+rollout"]
@@ -86,7 +88,7 @@ def describe(cfg: RLXConfig, inputs: DriverInputs | None = None) -> str:
                  f"{actor.ppo_mini_batch_size} prompts, micro-batch "
                  f"{_micro(actor.use_dynamic_bsz, actor.ppo_micro_batch_size_per_gpu, actor.ppo_max_token_len_per_gpu)}"
                  f", offload {_offload(actor.fsdp_config)}, lr {actor.optim.lr}")
-    row("rollout", f"{rollout_engine(cfg)}, tp {rollout.tensor_model_parallel_size}, log-prob micro-batch "
+    row("rollout", f"{rollout_engine(cfg, plan)}, tp {plan.rollout.tensor_parallel_size}, log-prob micro-batch "
                    f"{_log_prob_micro(rollout)}, temperature {rollout.temperature}")
     if use_ref:
         row("ref", f"{ref.strategy}, sp {ref.ulysses_sequence_parallel_size}, log-prob micro-batch "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the entry point imports lazily, so that --help and a bad override answer fast
     from rlx.config.schema import RLXConfig
+    from rlx.plan import JobPlan
     from rlx.trainer.preflight import DriverInputs
 
 log = logging.getLogger("rlx")
@@ -171,8 +172,8 @@ def print_config(args: CliArgs) -> None:
             print(f"rlx: note: a run with this config would stop before it starts:\n{e}", file=sys.stderr)
 
 
-def unused_section_notes(overrides: list[str], cfg: RLXConfig) -> list[str]:
-    """One line per section whose keys the command line sets but this job never builds: critic.* when the
+def unused_section_notes(overrides: list[str], cfg: RLXConfig, plan: JobPlan) -> list[str]:
+    """One line per section whose keys the command line sets but this job (`plan`) never builds: critic.* when the
     estimator trains no critic (anything but gae), actor_rollout_ref.ref.* when no reference policy is built
     (neither actor.use_kl_loss nor algorithm.use_kl_in_reward). Nothing is refused: verl accepts them too."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -184,36 +185,23 @@ def unused_section_notes(overrides: list[str], cfg: RLXConfig) -> list[str]:
     notes = []
     estimator = cfg.algorithm.adv_estimator
     critic_keys = [k for k in keys if k.startswith("critic.")]
-    if critic_keys and estimator != "gae":
+    if critic_keys and not plan.roles.critic:
         notes.append(f"rlx: note: {', '.join(critic_keys)} unused: algorithm.adv_estimator={estimator} trains no "
                      f"critic (only gae does)")
     ref_keys = [k for k in keys if k.startswith("actor_rollout_ref.ref.")]
-    if ref_keys and not (cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward):
+    if ref_keys and not plan.roles.ref:
         notes.append(f"rlx: note: {', '.join(ref_keys)} unused: no reference policy is built "
                      f"(actor_rollout_ref.actor.use_kl_loss=False and algorithm.use_kl_in_reward=False)")
     return notes
 
 
-def choose_rollout(cfg: RLXConfig) -> str:
-    from rlx.config.device import vllm_available
-
-    name = cfg.actor_rollout_ref.rollout.name
-    if name != "auto":
-        return name
-    if vllm_available():
-        return "vllm"
-    log.warning("rollout: vLLM is not installed, falling back to actor_rollout_ref.rollout.name=hf "
-                "(install vLLM with scripts/setup.sh for the fast rollout)")
-    return "hf"
-
-
-def init_ray(cfg: RLXConfig) -> None:
+def init_ray(cfg: RLXConfig, plan: JobPlan) -> None:
     """Join the cluster named by ray_init.address (`auto` or host:port) / RAY_ADDRESS, else start a new local Ray.
 
     Local means local: without an address, `ray.init(address="local")` starts a private Ray even when Ray's temp
     folder names a cluster (a `ray start` of this machine, or a stale file of a stopped one), which a bare
     `ray.init()` would join. A local Ray with trainer.device=cpu declares at least one CPU per worker slot (each
-    slot is a placement-group bundle of one CPU).
+    slot is a placement-group bundle of one CPU: the bundles of all of `plan`'s pools).
     No runtime env is passed here: `WorkerGroup` gives every worker the environment it needs, so nothing can
     clash with the runtime env of a `ray job submit`.
     """
@@ -227,10 +215,7 @@ def init_ray(cfg: RLXConfig) -> None:
         return
     num_cpus = cfg.ray_init.num_cpus
     if num_cpus is None and cfg.trainer.device == "cpu":
-        from rlx.config.validate import reward_pool_size
-
-        num_cpus = max(os.cpu_count() or 1,
-                       cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node + (reward_pool_size(cfg) or 0))
+        num_cpus = max(os.cpu_count() or 1, plan.placement.bundles)
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
 
 
@@ -283,26 +268,28 @@ def _last_checkpoint_note(cfg: RLXConfig) -> str:
             f"from it (trainer.resume_mode=auto).")
 
 
-def run(cfg: RLXConfig, inputs: DriverInputs | None = None):
-    """Check (preflight), start Ray (if needed), train; returns the trainer (its `history` holds the per-step
-    metrics). Whatever ends the run, the workers and a Ray started here are stopped."""
+def run(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None):
+    """Check (preflight), start Ray (if needed), train the job `plan` describes (rlx.plan.make_plan(cfg)); returns
+    the trainer (its `history` holds the per-step metrics). Whatever ends the run, the workers and a Ray started here
+    are stopped."""
     import ray
 
     from rlx.trainer import console
     from rlx.trainer.ppo_trainer import RayPPOTrainer
     from rlx.trainer.preflight import preflight
 
-    inputs = inputs or preflight(cfg)  # before Ray: a job that cannot run stops here
-    rollout_name = choose_rollout(cfg)
-    log.info("rollout: %s", rollout_name)
+    inputs = inputs or preflight(cfg, plan)  # before Ray: a job that cannot run stops here
+    if plan.rollout.note:
+        log.warning("rollout: %s", plan.rollout.note)
+    log.info("rollout: %s", plan.rollout.engine)
     own_ray = not ray.is_initialized()
     console.drop_known_harmless_warnings()
-    init_ray(cfg)
+    init_ray(cfg, plan)
     console.announce_worker_logs()
     trainer = None
     try:
         with sigterm_unwinds():
-            trainer = RayPPOTrainer(cfg, rollout_name, inputs)
+            trainer = RayPPOTrainer(cfg, plan, inputs)
             try:
                 trainer.history = trainer.fit()
             except (Terminated, KeyboardInterrupt) as e:
@@ -334,6 +321,7 @@ def _base_config_hint(args: CliArgs) -> str:
 def main(argv: list[str] | None = None) -> int:
     from rlx.config import load_config
     from rlx.config.loader import OverrideParseError
+    from rlx.plan import make_plan
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
@@ -353,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         notes: list[str] = []
         cfg = load_config(args.overrides, args.config_dir, args.config_name, notes=notes)
+        plan = make_plan(cfg)  # what the job runs (engines, roles, pools), resolved once
     except OverrideParseError as e:
         print(f"rlx: {e}", file=sys.stderr)
         return 2
@@ -363,20 +352,20 @@ def main(argv: list[str] | None = None) -> int:
     from rlx.trainer.ppo_trainer import TrainingStopped
     from rlx.trainer.preflight import PreflightError, preflight
 
-    for note in notes + unused_section_notes(args.overrides, cfg):  # said once, before Ray starts
+    for note in notes + unused_section_notes(args.overrides, cfg, plan):  # said once, before Ray starts
         print(note, file=sys.stderr, flush=True)
     try:
-        inputs = preflight(cfg)
+        inputs = preflight(cfg, plan)
     except PreflightError as e:
         print(f"rlx: {e}{_base_config_hint(args)}", file=sys.stderr)
         return 2
     if args.check:
         from rlx.trainer.check import describe
 
-        print(describe(cfg, inputs), flush=True)
+        print(describe(cfg, plan, inputs), flush=True)
         return 0
     try:
-        run(cfg, inputs)
+        run(cfg, plan, inputs)
     except (TrainingStopped, DamagedCheckpointError) as e:
         print(f"rlx: training stopped: {e}", file=sys.stderr)
         return 1

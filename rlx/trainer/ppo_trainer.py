@@ -18,6 +18,7 @@ from rlx.algos import advantages, core_algos
 from rlx.algos.metrics import compute_data_metrics, compute_throughput_metrics, compute_timing_metrics
 from rlx.algos.probs_diff import rollout_probs_diff
 from rlx.config.schema import RLXConfig
+from rlx.plan import ACTOR_GROUP, CRITIC_GROUP, REWARD_MODEL_GROUP, JobPlan
 from rlx.protocol import Batch
 from rlx.trainer.profiling import StepProfiling
 from rlx.trainer.dynamic_sampling import DynamicSampling, NotEnoughGroups
@@ -91,18 +92,6 @@ class SkippedStepGuard:
                 f"(0: never stop).")
 
 
-def reward_model_pool(cfg: RLXConfig, shared):
-    """Where the reward model's ranks go: `shared` (the actor's pool: rank i on GPU i next to the actor's) or, with
-    `reward_model.enable_resource_pool` (verl's), a placement group of its own of reward_model.nnodes x
-    reward_model.n_gpus_per_node bundles, each rank holding a whole GPU."""
-    from rlx.workers.group import ResourcePool
-
-    rm = cfg.reward_model
-    if not rm.enable_resource_pool:
-        return shared
-    return ResourcePool(rm.nnodes, rm.n_gpus_per_node, cfg.trainer.device, roles=1)
-
-
 def select_generations(samples: list[tuple[str, str, float]], count: int) -> list[tuple[str, str, float]]:
     """verl's choice of the validation generations to log: sorted by prompt, shuffled with seed 42, the first
     `count` (the same prompts at every validation)."""
@@ -112,19 +101,19 @@ def select_generations(samples: list[tuple[str, str, float]], count: int) -> lis
 
 
 class RayPPOTrainer:
-    def __init__(self, cfg: RLXConfig, rollout_name: str, inputs: DriverInputs | None = None):
-        """`inputs`: what `preflight(cfg)` built (tokenizer, datasets, reward function, the verified resume dir);
-        preflight runs here when it is not given."""
+    def __init__(self, cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None):
+        """`plan`: the job plan (`rlx.plan.make_plan(cfg)`: engines, roles, pools); `inputs`: what
+        `preflight(cfg, plan)` built (tokenizer, datasets, reward function, the verified resume dir); preflight runs
+        here when it is not given."""
         from rlx.data.dataset import PromptLoader
         from rlx.data.reward import build_reward_manager
-        from rlx.trainer.preflight import preflight, uses_reward_model
+        from rlx.trainer.preflight import preflight
 
-        inputs = inputs or preflight(cfg)
-        self.cfg, self.rollout_name = cfg, rollout_name
+        inputs = inputs or preflight(cfg, plan)
+        self.cfg, self.plan = cfg, plan
         arr, data = cfg.actor_rollout_ref, cfg.data
-        self.world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-        self.use_critic = cfg.algorithm.adv_estimator == "gae"
-        self.use_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.world_size = plan.placement.pool_of(ACTOR_GROUP).world_size
+        self.use_critic, self.use_ref = plan.roles.critic, plan.roles.ref
         self.tokenizer = inputs.tokenizer
         self.train_loader = PromptLoader(inputs.train_dataset, data.gen_batch_size or data.train_batch_size,
                                          shuffle=data.shuffle, seed=data.seed)
@@ -150,7 +139,6 @@ class RayPPOTrainer:
                                                     cfg.algorithm.kl_ctrl.target_kl, cfg.algorithm.kl_ctrl.horizon)
         self.global_step = 0
         self.val_history: list[dict] = []
-        self.use_rm = uses_reward_model(cfg)
         self.actor: ActorGroup | None = None  # the worker groups, started by init_workers()
         self.critic: CriticGroup | None = None
         self.rm: RewardModelGroup | None = None
@@ -162,21 +150,28 @@ class RayPPOTrainer:
         from rlx.workers.group import ResourcePool
         from rlx.workers.reward_model_worker import RewardModelGroup
 
-        t = self.cfg.trainer
-        # verl's colocated roles: one bundle per GPU, rank i of every role on bundle i (see rlx.workers.group); with
-        # reward_model.enable_resource_pool the reward model gets a placement group of its own, whole GPUs
-        own_rm_pool = self.use_rm and self.cfg.reward_model.enable_resource_pool
-        self.pool = ResourcePool(t.nnodes, t.n_gpus_per_node, t.device,
-                                 roles=1 + self.use_critic + (self.use_rm and not own_rm_pool))
-        self.actor = ActorGroup(self.pool, self.cfg)
-        self.critic = CriticGroup(self.pool, self.cfg) if self.use_critic else None
-        self.rm = RewardModelGroup(reward_model_pool(self.cfg, self.pool), self.cfg) if self.use_rm else None
+        # the plan's pools (verl's colocated layout: one bundle per GPU, rank i of every group of a pool on its bundle
+        # i, see rlx.workers.group; with reward_model.enable_resource_pool the reward model's own pool), each placed
+        # when its first group starts
+        placement, pools = self.plan.placement, {}
+
+        def pool(group: str) -> ResourcePool:
+            name = placement.groups[group]
+            if name not in pools:
+                p = placement.pools[name]
+                pools[name] = ResourcePool(p.nnodes, p.gpus_per_node, placement.device, roles=placement.sharing(name))
+            return pools[name]
+
+        roles = self.plan.roles
+        self.actor = ActorGroup(pool(ACTOR_GROUP), self.cfg, self.plan)
+        self.critic = CriticGroup(pool(CRITIC_GROUP), self.cfg, self.plan) if roles.critic else None
+        self.rm = RewardModelGroup(pool(REWARD_MODEL_GROUP), self.cfg, self.plan) if roles.reward_model else None
         # actor (and its vLLM engine) first: vLLM sizes its KV cache from a GPU no other process is filling
-        self.actor.init_model(self.total_steps, self.rollout_name)
+        self.actor.init_model(self.total_steps)
         if self.critic is not None:
             self.critic.init_model(self.total_steps)
         if self.rm is not None:
-            self.rm.init_model(self.rollout_name)
+            self.rm.init_model()
 
     def shutdown(self) -> None:
         """Kill the workers and release their placement group."""
@@ -303,8 +298,7 @@ class RayPPOTrainer:
         # the agent loop (rollout.mode=async) also reads each row's chat, extra_info (tools_kwargs) and agent_name
         gen_in = prompts.select("input_ids", "attention_mask", "position_ids", "raw_chat", "extra_info", "agent_name")
         gen_in.meta = dict(sampling, seed=r.seed + self.global_step)
-        tp = r.tensor_model_parallel_size if self.rollout_name == "vllm" else 1
-        out = self.actor.generate(gen_in, tp=tp)
+        out = self.actor.generate(gen_in)
         info = Batch(non_tensors={**prompts.non_tensors,
                                   "uid": np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)})
         return out.union(info.repeat_interleave(sampling["n"]))

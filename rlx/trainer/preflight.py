@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rlx.config.schema import RLXConfig
+from rlx.plan import JobPlan, make_plan
 
 log = logging.getLogger("rlx")
 
@@ -56,13 +57,15 @@ class DriverInputs:
     resume_dir: str | None
 
 
-def preflight(cfg: RLXConfig) -> DriverInputs:
-    """Check everything the driver can see; raise one `PreflightError` listing every problem."""
+def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
+    """Check everything the driver can see; raise one `PreflightError` listing every problem. `plan`: the job's
+    (rlx.plan; made here from `cfg` when not given)."""
+    plan = plan or make_plan(cfg)
     problems: list[str] = []
     model_dir = _check_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, problems)
-    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
+    if plan.roles.critic and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
         _check_model("critic.model.path", cfg.critic.model.path, problems)
-    if uses_reward_model(cfg):
+    if plan.roles.reward_model:
         _check_model("reward_model.model.path", cfg.reward_model.model.path, problems)
     tokenizer = None
     tok_key, tok_path = (("data.tokenizer", cfg.data.tokenizer) if cfg.data.tokenizer
@@ -74,7 +77,7 @@ def preflight(cfg: RLXConfig) -> DriverInputs:
                                     or cfg.actor_rollout_ref.model.trust_remote_code, problems)
     if tokenizer is not None and cfg.actor_rollout_ref.model.custom_chat_template:
         tokenizer.chat_template = cfg.actor_rollout_ref.model.custom_chat_template  # the dataset formats with it
-    if tokenizer is not None and cfg.algorithm.adv_estimator == "gae":
+    if tokenizer is not None and plan.roles.critic:
         _check_critic_tokenizer(cfg, tok_dir, tokenizer, problems)
     if model_dir is not None:
         _check_context(cfg, model_dir, problems)
@@ -86,9 +89,9 @@ def preflight(cfg: RLXConfig) -> DriverInputs:
             _check_batches(cfg, train, problems)
     else:
         problems.append("data.train_files / data.val_files: not checked (no tokenizer to read them with; see above).")
-    score_fn = _check_reward(cfg, [ds for ds in (train, val) if ds is not None], problems)
+    score_fn = _check_reward(cfg, plan, [ds for ds in (train, val) if ds is not None], problems)
     _check_lora_adapter(cfg, problems)
-    _check_vllm(cfg, problems)
+    _check_vllm(plan, problems)
     _check_writable(cfg, problems)
     resume_dir = _check_resume(cfg, problems)
     if problems:
@@ -97,14 +100,6 @@ def preflight(cfg: RLXConfig) -> DriverInputs:
 
 
 # ---------------------------------------------------------------------------------------------- models
-def uses_reward_model(cfg: RLXConfig) -> bool:
-    """verl's precedence: the reward model scores when enabled and no custom reward function is given; a judge
-    (reward_model.judge.enable) runs with a custom function too, which reads its verdict (verl's GenRM functions
-    call the judge themselves)."""
-    rm = cfg.reward_model
-    return rm.enable and (not cfg.custom_reward_function.path or rm.judge.enable)
-
-
 def _check_model(key: str, path: str, problems: list[str], weights: bool = True) -> str | None:
     """The local directory of `path`, or None after adding a problem."""
     from rlx.models import BUILTIN_PREFIX, resolve_model_path
@@ -237,7 +232,7 @@ def _check_batches(cfg: RLXConfig, train, problems: list[str]) -> None:
                         f"smaller {key}.")
 
 
-def _check_reward(cfg: RLXConfig, datasets: list, problems: list[str]):
+def _check_reward(cfg: RLXConfig, plan: JobPlan, datasets: list, problems: list[str]):
     from rlx.data.reward import is_builtin_source, known_data_sources, load_reward_fn
 
     try:
@@ -245,7 +240,7 @@ def _check_reward(cfg: RLXConfig, datasets: list, problems: list[str]):
     except ValueError as e:
         problems.append(f"{e}.")
         return None
-    if not cfg.custom_reward_function.path and not uses_reward_model(cfg):  # the reward model scores every source
+    if not cfg.custom_reward_function.path and not plan.roles.reward_model:  # the reward model scores every source
         unknown = sorted({s for ds in datasets for s in ds.data_sources() if not is_builtin_source(s)})
         if unknown:
             problems.append(f"data_source {unknown} (column data.reward_fn_key={cfg.data.reward_fn_key!r}) has no "
@@ -268,14 +263,14 @@ def _check_lora_adapter(cfg: RLXConfig, problems: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- rollout
-def _check_vllm(cfg: RLXConfig, problems: list[str]) -> None:
-    """The vLLM the rollout will use is one rlx supports, built for the installed torch (read from its files)."""
+def _check_vllm(plan: JobPlan, problems: list[str]) -> None:
+    """The vLLM the job will use (the rollout's or the judge's engine) is one rlx supports, built for the installed
+    torch (read from its files)."""
     import torch
 
     from rlx.workers.rollout import vllm_compat
 
-    name = cfg.actor_rollout_ref.rollout.name
-    version = vllm_compat.installed_version() if name in ("vllm", "auto") else None
+    version = vllm_compat.installed_version() if plan.uses_vllm else None
     if version is None:  # not installed: rollout.name=vllm is a config error, auto falls back to hf
         return
     try:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from rlx.config.schema import RLXConfig
+from rlx.plan import JobPlan
 from rlx.protocol import Batch
 from rlx.workers.base_worker import Worker
 from rlx.workers.group import ResourcePool, WorkerGroup
@@ -21,19 +20,19 @@ class ActorRolloutRefWorker(Worker):
     def profiler_roles(self) -> dict:
         arr = self.cfg.actor_rollout_ref
         roles = {"actor": arr.actor.profiler, "rollout": arr.rollout.profiler}
-        if arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward:  # a ref phase runs
+        if self.plan.roles.ref:  # a ref phase runs
             roles["ref"] = arr.ref.profiler
         return roles
+
     def process_group_timeout_s(self) -> float:
         return self.cfg.actor_rollout_ref.nccl_timeout
 
-    def init_model(self, total_steps: int, rollout_name: str) -> None:
+    def init_model(self, total_steps: int) -> None:
         from rlx.engine.actor import ActorEngine
         from rlx.engine.base import role_micro_batch_tokens
         from rlx.engine.lora import lora_enabled
 
         arr = self.cfg.actor_rollout_ref
-        self.use_ref = arr.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
         common = dict(model_cfg=arr.model, device=self.device, world_size=self.world_size,
                       rollout_n=arr.rollout.n, temperature=arr.rollout.temperature)
         rc = self.cfg.algorithm.rollout_correction
@@ -49,19 +48,19 @@ class ActorRolloutRefWorker(Worker):
                                  **common)
         self.ref = None
         # with LoRA the ref is the actor's own module with its adapters switched off (verl): no second model
-        if self.use_ref and not lora_enabled(arr.model):
+        if self.plan.roles.ref and not lora_enabled(arr.model):
             self.ref = ActorEngine(role="ref", actor_cfg=arr.actor, fsdp_cfg=arr.ref.fsdp_config,
                                    strategy=arr.ref.strategy, sp_size=arr.ref.ulysses_sequence_parallel_size,
                                    entropy_cfg=arr.ref, **common)
-        self.rollout_name = rollout_name
-        self.rollout = self._build_rollout(rollout_name)
+        self.rollout = self._build_rollout(self.plan.rollout.engine)
         self.agent = self._build_agent_rollout()
 
-    def _build_rollout(self, name: str):
+    def _build_rollout(self, engine: str):
+        """This rank's rollout engine (`engine`: the plan's, vllm | hf) and the tokenizer."""
         from transformers import AutoTokenizer
 
         from rlx.models import local_model_path
-        from rlx.workers.rollout import build_rollout
+        from rlx.workers.rollout import build_engine
 
         arr, data = self.cfg.actor_rollout_ref, self.cfg.data
         path = local_model_path(arr.model.path, arr.model.use_shm)  # the engine and tokenizer: from /dev/shm too
@@ -70,28 +69,19 @@ class ActorRolloutRefWorker(Worker):
             tok.chat_template = arr.model.custom_chat_template
         self.tokenizer = tok
         dtype = arr.rollout.dtype if self.device.type == "cuda" else "float32"
-        if name == "vllm":
-            return build_rollout("vllm", model_path=path, rollout_cfg=arr.rollout,
-                                 max_prompt_length=data.max_prompt_length,
-                                 max_response_length=data.max_response_length, rank=self.rank,
-                                 world_size=self.world_size, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id, dtype=dtype, device=self.device.type,
-                                 trust_remote_code=arr.model.trust_remote_code)
-        return build_rollout("hf", model_path=path, max_response_length=data.max_response_length,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, device=self.device,
-                             dtype=getattr(torch, dtype), calculate_log_probs=arr.rollout.calculate_log_probs,
-                             trust_remote_code=arr.model.trust_remote_code, ignore_eos=arr.rollout.ignore_eos)
+        return build_engine(engine, model_path=path, rollout_cfg=arr.rollout, max_prompt_length=data.max_prompt_length,
+                            max_response_length=data.max_response_length, rank=self.rank, world_size=self.world_size,
+                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, dtype=dtype,
+                            device=self.device, trust_remote_code=arr.model.trust_remote_code)
 
     def _build_agent_rollout(self):
         """The agent loop over this rank's engine (rollout.mode=async or multi_turn.enable), else None."""
-        from rlx.config.agent import uses_agent_loop
-
         arr, data = self.cfg.actor_rollout_ref, self.cfg.data
-        if not uses_agent_loop(arr.rollout):
+        if not self.plan.rollout.agent_loop:
             return None
         from rlx.workers.rollout.agent.runner import AgentRollout
 
-        return AgentRollout(self.rollout, self.rollout_name, self.tokenizer, arr.rollout,
+        return AgentRollout(self.rollout, self.plan.rollout.engine, self.tokenizer, arr.rollout,
                             max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length,
                             pad_token_id=self.tokenizer.pad_token_id)
 
@@ -113,8 +103,10 @@ class ActorRolloutRefWorker(Worker):
                 self.rollout.sync_weights(self.actor.policy_weights(layered=arr_rollout.layered_summon))
         with self.measured("wake", m, "rollout/wake"):  # the KV cache once the FSDP shards left (param offload)
             self.rollout.wake_up("kv_cache")
-        if self.rollout_name == "hf":  # the vLLM rollout derives per-data-parallel-rank seeds itself (TP-aware)
-            prompts.meta = dict(prompts.meta, seed=int(prompts.meta.get("seed", 0)) * 1000 + self.rank)
+        from rlx.workers.rollout import rank_seed
+
+        prompts.meta = dict(prompts.meta, seed=rank_seed(self.plan.rollout.engine, int(prompts.meta.get("seed", 0)),
+                                                         self.rank))
         with self.measured("generate", m, "rollout/generate"):
             out = (self.agent if self.agent is not None else self.rollout).generate_sequences(prompts)
         m.update(out.meta.pop("agent_metrics", {}))
@@ -139,7 +131,7 @@ class ActorRolloutRefWorker(Worker):
 
     @profiled("ref_compute_log_prob", role="ref")
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        assert self.use_ref, "ref model requested but no KL term is configured"
+        assert self.plan.roles.ref, "ref model requested but no KL term is configured"
         r = self.cfg.actor_rollout_ref.ref
         engine = self.ref if self.ref is not None else self.actor  # with LoRA: the actor, adapters off
         m: dict = {}
@@ -179,18 +171,20 @@ class ActorRolloutRefWorker(Worker):
 class ActorGroup(WorkerGroup):
     """The actor/rollout/ref ranks, as the driver calls them (each call runs on every rank)."""
 
-    def __init__(self, pool: ResourcePool, cfg: RLXConfig):
-        super().__init__(ActorRolloutRefWorker, pool, cfg)
+    def __init__(self, pool: ResourcePool, cfg: RLXConfig, plan: JobPlan):
+        super().__init__(ActorRolloutRefWorker, pool, cfg, plan)
         # Ulysses: the ranks of a sequence-parallel group get the same rows (the rollout is not affected)
         self.sp = cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size
         self.ref_sp = cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size
+        self.rollout_tp = plan.rollout.tensor_parallel_size
 
-    def init_model(self, total_steps: int, rollout_name: str) -> None:
-        self.run_all(ActorRolloutRefWorker.init_model, total_steps, rollout_name)
+    def init_model(self, total_steps: int) -> None:
+        self.run_all(ActorRolloutRefWorker.init_model, total_steps)
 
-    def generate(self, prompts: Batch, tp: int = 1) -> Batch:
-        """Responses to `prompts` (split over the rollout's data-parallel groups of `tp` ranks)."""
-        return self.run_dp(ActorRolloutRefWorker.generate_sequences, prompts, replicas=tp)
+    def generate(self, prompts: Batch) -> Batch:
+        """Responses to `prompts` (split over the rollout's data-parallel groups: runs of the plan's
+        rollout.tensor_parallel_size ranks generate together)."""
+        return self.run_dp(ActorRolloutRefWorker.generate_sequences, prompts, replicas=self.rollout_tp)
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         """`old_log_probs` of the responses under the current policy."""

@@ -10,6 +10,7 @@ import time
 import torch
 
 from rlx.config.schema import RLXConfig
+from rlx.plan import JobPlan
 from rlx.workers.profiling import WorkerProfiler
 
 
@@ -37,8 +38,10 @@ class Worker:
     NAME = "worker"
     """Names this worker process's traces."""
 
-    def __init__(self, cfg: RLXConfig, rank: int, world_size: int):
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+    def __init__(self, cfg: RLXConfig, plan: JobPlan, rank: int, world_size: int):
+        """`plan`: the job plan (rlx.plan) the driver resolved: engines and roles are read there, never re-decided
+        from the config."""
+        self.cfg, self.plan, self.rank, self.world_size = cfg, plan, rank, world_size
         self.device = None
         self.profiler: WorkerProfiler | None = None  # once the device is known (init_distributed)
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(message)s")

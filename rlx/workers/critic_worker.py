@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rlx.config.schema import RLXConfig
+from rlx.plan import JobPlan
 from rlx.protocol import Batch
 from rlx.workers.base_worker import Worker
 from rlx.workers.group import ResourcePool, WorkerGroup
@@ -52,8 +53,8 @@ class CriticWorker(Worker):
 class CriticGroup(WorkerGroup):
     """The critic ranks, as the driver calls them (each call runs on every rank)."""
 
-    def __init__(self, pool: ResourcePool, cfg: RLXConfig):
-        super().__init__(CriticWorker, pool, cfg)
+    def __init__(self, pool: ResourcePool, cfg: RLXConfig, plan: JobPlan):
+        super().__init__(CriticWorker, pool, cfg, plan)
         self.sp = cfg.critic.ulysses_sequence_parallel_size  # a sequence-parallel group's ranks share rows
 
     def init_model(self, total_steps: int) -> None:

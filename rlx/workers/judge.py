@@ -21,11 +21,6 @@ log = logging.getLogger(__name__)
 DEFAULT_LENGTH = 2048  # verl 0.9.1's reward.reward_model.rollout prompt_length and response_length
 
 
-def judge_engine(cfg: RLXConfig, rollout_name: str) -> str:
-    """The judge's engine: reward_model.rollout.name, else the actor's rollout engine (`rollout_name`, resolved)."""
-    return (cfg.reward_model.rollout.name or rollout_name or "hf").lower()
-
-
 def judge_lengths(cfg: RLXConfig) -> tuple[int, int]:
     """(prompt, verdict) token budgets: reward_model.rollout.prompt_length / response_length (null: 2048)."""
     r = cfg.reward_model.rollout
@@ -78,11 +73,12 @@ class Judge:
     """One rank's judge: its engine, its tokenizer and the actor's (to read the responses)."""
 
     def __init__(self, cfg: RLXConfig, actor_tokenizer, *, rank: int, world_size: int, device: torch.device,
-                 rollout_name: str):
+                 engine: str):
+        """`engine`: the judge's engine (the job plan's judge.engine: vllm | hf)."""
         from transformers import AutoTokenizer
 
         from rlx.models import resolve_model_path
-        from rlx.workers.rollout import build_rollout
+        from rlx.workers.rollout import build_engine
 
         rm = cfg.reward_model
         self.cfg, self.judge_cfg, self.device = cfg, rm.judge, device
@@ -96,35 +92,24 @@ class Judge:
         self.prompt_length, self.response_length = judge_lengths(cfg)
         eos = _eos_ids(self.tokenizer, path)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
-        self.engine_name = judge_engine(cfg, rollout_name)
         dtype = rm.rollout.dtype or (cfg.actor_rollout_ref.rollout.dtype if device.type == "cuda" else "float32")
-        if self.engine_name == "vllm":
-            self.engine = build_rollout("vllm", model_path=path, rollout_cfg=judge_rollout_config(cfg),
-                                        max_prompt_length=self.prompt_length,
-                                        max_response_length=self.response_length, rank=rank, world_size=world_size,
-                                        pad_token_id=pad, eos_token_id=eos, dtype=dtype, device=device.type,
-                                        trust_remote_code=rm.model.trust_remote_code)
-        else:
-            self.engine = build_rollout("hf", model_path=path, max_response_length=self.response_length,
-                                        pad_token_id=pad, eos_token_id=eos, device=device, dtype=getattr(torch, dtype),
-                                        trust_remote_code=rm.model.trust_remote_code)
+        # between calls vLLM sleeps (reward_model.rollout.free_cache_engine), the HF model goes to the CPU
+        self.engine = build_engine(engine, model_path=path, rollout_cfg=judge_rollout_config(cfg),
+                                   max_prompt_length=self.prompt_length, max_response_length=self.response_length,
+                                   rank=rank, world_size=world_size, pad_token_id=pad, eos_token_id=eos, dtype=dtype,
+                                   device=device, trust_remote_code=rm.model.trust_remote_code,
+                                   offload_when_released=rm.rollout.free_cache_engine is not False)
         self.pad_token_id, self.calls = pad, 0
         self.sleep()
 
     # ---- between scoring calls ------------------------------------------------------------------------
     def sleep(self) -> None:
-        """Free the judge's GPU memory until the next call (vLLM sleep mode; the HF model moved to the CPU)."""
-        if self.engine_name == "vllm":
-            self.engine.release()  # (a no-op with reward_model.rollout.free_cache_engine=False)
-        elif self.device.type == "cuda" and self.cfg.reward_model.rollout.free_cache_engine is not False:
-            self.engine.model.to("cpu")
-            torch.cuda.empty_cache()
+        """Free the judge's GPU memory until the next call (vLLM sleep mode; the HF model moved to the CPU); a no-op
+        with reward_model.rollout.free_cache_engine=False."""
+        self.engine.release()
 
     def wake_up(self) -> None:
-        if self.engine_name == "vllm":
-            self.engine.wake_up()
-        elif self.device.type == "cuda":
-            self.engine.model.to(self.device)  # (already there when it does not sleep)
+        self.engine.wake_up()
 
     # ---- scoring --------------------------------------------------------------------------------------
     def prompts(self, batch: Batch) -> tuple[list[list[int]], list[float]]:

@@ -4,6 +4,7 @@ on its ranks."""
 from __future__ import annotations
 
 from rlx.config.schema import RLXConfig
+from rlx.plan import JobPlan
 from rlx.protocol import Batch
 from rlx.workers.base_worker import Worker
 from rlx.workers.group import ResourcePool, WorkerGroup
@@ -28,9 +29,8 @@ class RewardModelWorker(Worker):
     def profiler_roles(self) -> dict:
         return {}  # verl 0.9.1's reward model has no profiler keys (it is served outside the trainer's workers)
 
-    def init_model(self, rollout_name: str = "hf") -> None:
-        """Build the reward model (a judge generates with reward_model.rollout.name, else with `rollout_name`, the
-        actor's rollout engine)."""
+    def init_model(self) -> None:
+        """Build the reward model: a classifier, or the judge (on the plan's judge engine)."""
         from transformers import AutoTokenizer
 
         from rlx.data.rm_inputs import same_tokenizer
@@ -43,11 +43,11 @@ class RewardModelWorker(Worker):
         if arr.model.custom_chat_template:
             self.actor_tokenizer.chat_template = arr.model.custom_chat_template
         self.judge = None
-        if rm.judge.enable:
+        if self.plan.judge is not None:
             from rlx.workers.judge import Judge
 
             self.judge = Judge(self.cfg, self.actor_tokenizer, rank=self.rank, world_size=self.world_size,
-                               device=self.device, rollout_name=rollout_name)
+                               device=self.device, engine=self.plan.judge.engine)
             return
         self.rm = RewardModelEngine(rm_cfg=rm, strategy=rm.strategy, device=self.device, world_size=self.world_size)
         self.rm_tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(rm.model.path),
@@ -81,24 +81,20 @@ class RewardModelWorker(Worker):
 class RewardModelGroup(WorkerGroup):
     """The reward-model ranks, as the driver calls them (each call runs on every rank)."""
 
-    def __init__(self, pool: ResourcePool, cfg: RLXConfig):
-        super().__init__(RewardModelWorker, pool, cfg)
-        self.rm_cfg, self.rollout_name = cfg, "hf"  # rollout_name: the actor's engine, set by init_model
+    def __init__(self, pool: ResourcePool, cfg: RLXConfig, plan: JobPlan):
+        super().__init__(RewardModelWorker, pool, cfg, plan)
+        self.judge = plan.judge
 
-    def init_model(self, rollout_name: str = "hf") -> None:
-        self.rollout_name = rollout_name
-        self.run_all(RewardModelWorker.init_model, rollout_name)
+    def init_model(self) -> None:
+        self.run_all(RewardModelWorker.init_model)
 
     def compute_rm_score(self, batch: Batch) -> Batch:
         """`rm_scores` of every response (token-level, on its last valid token); a judge's verdicts too
         (`judge_verdict`), with its counts in the call's metrics (reward/judge_*)."""
-        from rlx.workers.judge import judge_engine, judge_tp
-
-        cfg = self.rm_cfg
-        judge = cfg.reward_model.judge.enable
-        vllm_tp = judge_tp(cfg) if judge and judge_engine(cfg, self.rollout_name) == "vllm" else 1
-        out = self.run_dp(RewardModelWorker.compute_rm_score, batch, replicas=vllm_tp)
-        if judge:
+        # a judge's tensor-parallel group scores one share together
+        replicas = self.judge.tensor_parallel_size if self.judge is not None else 1
+        out = self.run_dp(RewardModelWorker.compute_rm_score, batch, replicas=replicas)
+        if self.judge is not None:
             out.meta.setdefault("metrics", {}).update(judge_metrics(out))
         return out
 

