@@ -18,6 +18,7 @@ def test_vllm_judge_matches_the_hf_judge():
     pytest.importorskip("vllm")
     from transformers import AutoTokenizer
 
+    from rlx.plan import make_plan
     from rlx.workers.judge import Judge
 
     import torch.distributed as dist
@@ -30,8 +31,9 @@ def test_vllm_judge_matches_the_hf_judge():
     batch = _batch(tok, ["3 5 0 3 ->", "9 9 ->", "1 ->", "4 4 4 ->"], ["3", "9 8", "1", "x 44"], [None] * 4)
     hf = Judge(load_config(JUDGE + common), tok, rank=0, world_size=1, device=torch.device("cpu"), engine="hf")
     expected = hf.score(batch)
-    vllm_judge = Judge(load_config(JUDGE[:-1] + ["reward_model.rollout.name=vllm"] + common), tok, rank=0,
-                       world_size=1, device=torch.device("cpu"), engine="hf")
+    vllm_cfg = load_config(JUDGE[:-1] + ["reward_model.rollout.name=vllm"] + common)
+    vllm_judge = Judge(vllm_cfg, tok, rank=0, world_size=1, device=torch.device("cpu"),
+                       engine=make_plan(vllm_cfg).judge.engine)
     try:
         assert vllm_judge.engine_name == "vllm"
         assert vllm_judge.engine.max_response_length == 16 and vllm_judge.engine.cfg.load_format == "auto"

@@ -92,6 +92,7 @@ class Judge:
         self.prompt_length, self.response_length = judge_lengths(cfg)
         eos = _eos_ids(self.tokenizer, path)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        self.engine_name = engine
         dtype = rm.rollout.dtype or (cfg.actor_rollout_ref.rollout.dtype if device.type == "cuda" else "float32")
         # between calls vLLM sleeps (reward_model.rollout.free_cache_engine), the HF model goes to the CPU
         self.engine = build_engine(engine, model_path=path, rollout_cfg=judge_rollout_config(cfg),
