@@ -134,7 +134,7 @@ def job_overrides(a, rollout: str, model: str, out: str) -> list[str]:
 def run_job(overrides: list[str]) -> tuple[list[dict], float]:
     from rlx.config import load_config
     from rlx.plan import make_plan
-    from rlx.trainer.main_ppo import run
+    from rlx.trainer.launch import run
 
     start = time.perf_counter()
     cfg = load_config(overrides, config_name="quickstart")

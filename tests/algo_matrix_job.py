@@ -34,7 +34,7 @@ BASE = ["trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.total_traini
 def main(out_dir: str, runs_file: str) -> None:
     import ray
 
-    from rlx.trainer import console, main_ppo
+    from rlx.trainer import console, launch, main_ppo
     from rlx.workers import group
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,7 +45,7 @@ def main(out_dir: str, runs_file: str) -> None:
         setattr(group.WorkerGroup, name, getattr(InProcessGroup, name))
     console.announce_worker_logs = lambda: None
     ray.is_initialized = lambda: True  # "someone else's Ray": main_ppo neither starts nor stops one
-    main_ppo.init_ray = lambda cfg, plan: None
+    launch.init_ray = lambda cfg, plan: None
 
     reward_file = os.path.join(out_dir, "reward.py")
     with open(reward_file, "w") as f:

@@ -9,7 +9,7 @@ How: each dataclass instance of the typed config gets its own subclass (named af
 (checking a key is not using it) and from outside rlx (dataclasses.asdict, copy) are not recorded.
 
 What runs (no Ray: the worker groups are replaced by the worker classes themselves, in this process, world size
-1 over gloo): `main_ppo.run` -- preflight, `init_ray` (ray.init stubbed), the trainer's loop with validation
+1 over gloo): `rlx.trainer.launch.run` -- preflight, `init_ray` (ray.init stubbed), the trainer's loop with validation
 before and after training, a checkpoint save, then a resume from it and a damaged-checkpoint lookup -- with GAE
 (critic), a KL loss and a KL penalty (ref), the actor on FSDP1 and the ref and critic on FSDP2, activation offload
 on both, dynamic batch sizes, cosine schedules, the dapo reward manager with a custom reward file, sampled
@@ -168,7 +168,7 @@ def main(out_path: str) -> None:
     from rlx import checkpoint as ckpt
     from rlx.config import load_config
     from rlx.plan import make_plan
-    from rlx.trainer import console, main_ppo
+    from rlx.trainer import console, launch
     from rlx.workers import group
 
     work = tempfile.mkdtemp(prefix="rlx_keys_")
@@ -224,7 +224,7 @@ def main(out_path: str) -> None:
         shutdown(self)
 
     RayPPOTrainer.shutdown = keep_groups
-    trainer = main_ppo.run(cfg, make_plan(cfg))
+    trainer = launch.run(cfg, make_plan(cfg))
     trainer.actor, trainer.critic = trainer.kept
     # resume from the checkpoint just saved (load_contents), then look for one after damaging it
     trainer.resume_dir = ckpt.find_resume_dir(cfg.trainer)

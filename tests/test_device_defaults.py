@@ -129,7 +129,7 @@ INIT_RAY = """
 import ray
 from rlx.config import load_config
 from rlx.plan import make_plan
-from rlx.trainer.main_ppo import init_ray
+from rlx.trainer.launch import init_ray
 cfg = load_config(["trainer.device=cpu", "ray_init.num_cpus=1"], config_name="quickstart")
 init_ray(cfg, make_plan(cfg))
 print("GCS", ray.get_runtime_context().gcs_address, flush=True)

@@ -32,10 +32,13 @@ LAYERS = [
     ("rlx.checkpoint", 3),
     # 4: Ray worker roles, their group, and the rollouts they hold
     ("rlx.workers", 4),
-    # 5: the driver and the entry point
+    # 5: the driver: the loop, the Ray launch, the preflight
     ("rlx.trainer", 5),
+    # 6: the command line, and verl's module name for it
+    ("rlx.cli", 6),
+    ("rlx.trainer.main_ppo", 6),
 ]
-LAYER_NAMES = {0: "leaves", 1: "config", 2: "engine", 3: "checkpoint", 4: "workers", 5: "trainer"}
+LAYER_NAMES = {0: "leaves", 1: "config", 2: "engine", 3: "checkpoint", 4: "workers", 5: "trainer", 6: "entry point"}
 
 # (importing module, imported module) -> why the upward import is needed. Keep it empty if at all possible.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlx import checkpoint as ckpt
-from rlx.trainer import main_ppo
+from rlx.trainer import launch, main_ppo
 from rlx.trainer.preflight import PreflightError, preflight
 
 from conftest import REPO, load_config  # load_config: the quickstart job's config
@@ -164,7 +164,7 @@ def test_main_exits_2_before_ray(tmp_path, capsys, monkeypatch):
     def no_ray(cfg):
         raise AssertionError("Ray must not start")
 
-    monkeypatch.setattr(main_ppo, "init_ray", no_ray)
+    monkeypatch.setattr(launch, "init_ray", no_ray)
     assert main_ppo.main(["--config-name", "quickstart", f"data.train_files={tmp_path}/train.parquet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rlx: the job cannot start (checked before Ray):\n")

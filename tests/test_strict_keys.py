@@ -309,7 +309,7 @@ def test_critic_tokenizer_must_share_the_vocabulary(tmp_path, tiny_model_path):
 def test_timeline_json_file_is_written(monkeypatch, tmp_path):
     import ray
 
-    from rlx.trainer.main_ppo import write_timeline
+    from rlx.trainer.launch import write_timeline
 
     calls = []
     monkeypatch.setattr(ray, "is_initialized", lambda: True)

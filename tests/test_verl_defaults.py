@@ -12,7 +12,8 @@ from rlx.config import load_config as load_base_config
 from rlx.config.loader import SCHEMA_KEYS, SECTION_KEYS, compose, to_typed
 from rlx.config.schema import VERL_DEFAULT_EXCEPTIONS
 from rlx.plan import make_plan
-from rlx.trainer import main_ppo
+from rlx import cli
+from rlx.trainer import launch, main_ppo
 
 from conftest import load_config
 from verl_defaults import VERL_DEFAULTS
@@ -150,18 +151,18 @@ def _with_plan(cfg):
 
 def test_critic_keys_with_grpo_are_named_once():
     argv = ["critic.optim.lr=1e-5", "critic.model.path=builtin://tiny-qwen2", "critic.optim.lr=2e-5"]  # named once
-    notes = main_ppo.unused_section_notes(argv, *_with_plan(load_config(argv)))
+    notes = cli.unused_section_notes(argv, *_with_plan(load_config(argv)))
     assert notes == ["rlx: note: critic.optim.lr, critic.model.path unused: algorithm.adv_estimator=grpo trains no "
                      "critic (only gae does)"]
     gae = argv + ["algorithm.adv_estimator=gae"]
-    assert main_ppo.unused_section_notes(gae, *_with_plan(load_config(gae))) == []
+    assert cli.unused_section_notes(gae, *_with_plan(load_config(gae))) == []
 
 
 @pytest.mark.parametrize("kl,unused", [([], True), (["actor_rollout_ref.actor.use_kl_loss=True"], False),
                                        (["algorithm.use_kl_in_reward=True"], False)])
 def test_ref_keys_without_a_kl_term_are_named(kl, unused):
     argv = ["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4"] + kl
-    notes = main_ppo.unused_section_notes(argv, *_with_plan(load_config(argv)))
+    notes = cli.unused_section_notes(argv, *_with_plan(load_config(argv)))
     assert notes == (["rlx: note: actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu unused: no reference "
                       "policy is built (actor_rollout_ref.actor.use_kl_loss=False and "
                       "algorithm.use_kl_in_reward=False)"] if unused else [])
@@ -171,7 +172,7 @@ def test_cli_says_unused_critic_keys_before_anything_starts(tmp_path, capsys, mo
     def no_ray(cfg):
         raise AssertionError("Ray must not start")
 
-    monkeypatch.setattr(main_ppo, "init_ray", no_ray)
+    monkeypatch.setattr(launch, "init_ray", no_ray)
     code = main_ppo.main(["--config-name", "quickstart", "critic.optim.lr=1e-5",
                           f"data.train_files={tmp_path}/missing.parquet"])  # preflight stops the run: no Ray
     err = capsys.readouterr().err

@@ -1,0 +1,268 @@
+"""The command line: `python -m rlx.trainer.main_ppo key=value ...` (verl's key names; rlx.trainer.main_ppo is verl's
+module name for it, a shim over `main` here).
+
+compose + strict key check -> typed config -> validate -> the job plan (rlx.plan) -> preflight (data, model, reward,
+checkpoints; all before Ray starts) -> `rlx.trainer.launch.run` (ray.init, trainer.fit()). `--cfg job|hydra|all` and
+`--help` answer as a Hydra app does; `--check` stops after the preflight and prints what would run.
+Exit codes: 0 done, 1 training stopped (a garbage reward, skipped steps, a damaged checkpoint), 2 the command line,
+config or inputs are wrong (nothing started), 130 Ctrl-C, 143 SIGTERM.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the entry point imports lazily, so that --help and a bad override answer fast
+    from rlx.config.schema import RLXConfig
+    from rlx.plan import JobPlan
+
+
+@dataclass
+class CliArgs:
+    """What a command line asks for: Hydra's flags (the subset rlx implements) and the key=value overrides."""
+    overrides: list[str] = field(default_factory=list)
+    config_dir: str | None = None
+    """--config-path/-cp: a directory with the user's own YAML (relative: to rlx/trainer/ as in Hydra, then to the
+    working directory; rlx.config.config_path)."""
+    config_name: str = "ppo_trainer"
+    """--config-name/-cn: the YAML file (.yaml optional) to compose: ppo_trainer (verl's defaults), quickstart
+    (rlx's small default job, what `make run` runs) or the user's, whose `defaults` may name ppo_trainer."""
+    cfg: str | None = None
+    """--cfg/-c job|hydra|all: print the composed config and exit, as a Hydra app does."""
+    resolve: bool = False
+    """--resolve: with --cfg, resolve ${...} interpolations."""
+    package: str | None = None
+    """--package/-p KEY: with --cfg, print only that node."""
+    help: bool = False
+    """--help/-h."""
+    check: bool = False
+    """--check: compose, validate and run the preflight, print what would run, exit 0 (or 2) without starting Ray."""
+
+
+class UsageError(ValueError):
+    """A command-line flag rlx does not understand (the overrides are checked by the config loader)."""
+
+
+_VALUE_FLAGS = {"--config-path": "config_dir", "-cp": "config_dir", "--config-name": "config_name",
+                "-cn": "config_name", "--cfg": "cfg", "-c": "cfg", "--package": "package", "-p": "package"}
+_SWITCHES = {"--help": "help", "-h": "help", "--resolve": "resolve", "--check": "check", "--run": None, "-r": None}
+_HYDRA_ONLY = ("--multirun", "-m", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--config-dir",
+               "-cd", "--experimental-rerun", "--version")
+CFG_CHOICES = ("job", "hydra", "all")
+
+
+def parse_argv(argv: list[str]) -> CliArgs:
+    """Split Hydra-style flags (`--cfg job`, `--cfg=job`, `-c job`, `--help`, `--config-path`, ...) from
+    key=value overrides."""
+    args = CliArgs()
+    it = iter(argv)
+    for arg in it:
+        if not arg.startswith("-"):
+            args.overrides.append(arg)
+            continue
+        name, eq, value = arg.partition("=")
+        if name in _VALUE_FLAGS:
+            if not eq:
+                value = next(it, None)
+                if value is None or value.startswith("-"):
+                    raise UsageError(f"{name} needs a value")
+            setattr(args, _VALUE_FLAGS[name], value)
+        elif name in _SWITCHES and not eq:
+            if _SWITCHES[name]:
+                setattr(args, _SWITCHES[name], True)
+        elif name in _HYDRA_ONLY:
+            raise UsageError(f"{name} is a Hydra flag rlx does not implement (rlx runs one job per command)")
+        else:
+            raise UsageError(f"unknown option {arg!r}")
+    if args.check and args.cfg is not None:
+        raise UsageError("--check and --cfg are two answers; give one")
+    if args.cfg is not None and args.cfg not in CFG_CHOICES:
+        raise UsageError(f"--cfg {args.cfg!r}: choose one of {list(CFG_CHOICES)}")
+    return args
+
+
+def usage() -> str:
+    """`--help`: usage, the config groups (sections of the tree) and where every key is documented."""
+    import dataclasses
+    import typing
+
+    from rlx.config.export import field_docs
+    from rlx.config.loader import CONFIG_DIR
+    from rlx.config.schema import RLXConfig
+
+    lines = ["usage: python -m rlx.trainer.main_ppo [--config-path DIR] [--config-name NAME] [--check] [key=value ...]",
+             "       python -m rlx.trainer.main_ppo --cfg job|hydra|all [--resolve] [--package KEY] [key=value ...]",
+             "",
+             "Train an LLM with PPO / GRPO / RLOO (verl's key names: paste a verl command line, swap the model path).",
+             "",
+             "== Config groups ==",
+             "Override any key of these groups on the command line: group.key=value (e.g. data.train_batch_size=64).",
+             ""]
+
+    def groups(cls, prefix: str, depth: int) -> None:
+        docs, hints = field_docs(cls), typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                lines.append(f"  {prefix + f.name:<44} {docs.get(f.name, '')}")
+                if depth < 1:
+                    groups(hints[f.name], prefix + f.name + ".", depth + 1)
+
+    groups(RLXConfig, "", 0)
+    lines += ["",
+              "Every key, with its default and a comment: " + str(CONFIG_DIR / "ppo_trainer.yaml"),
+              "(rlx/trainer/config/ppo_trainer.yaml in the repository; README.md, section Configuration).",
+              "Its defaults are verl's; rlx's small ready-to-run job is --config-name quickstart (quickstart.yaml).",
+              "The composed config of a command line: add --cfg job.",
+              "",
+              "== Flags ==",
+              "  --cfg, -c job|hydra|all    print the composed config and exit (job: rlx's config; hydra: Hydra's",
+              "                             own settings; all: both)",
+              "  --resolve                  with --cfg: resolve ${...} interpolations",
+              "  --package, -p KEY          with --cfg: print only that node (e.g. -p actor_rollout_ref.rollout)",
+              "  --config-path, -cp DIR     directory of your own YAML config (default: rlx's); its `defaults` may",
+              "                             name ppo_trainer (rlx's). Relative: to rlx/trainer/ (Hydra's rule), then",
+              "                             to the working directory",
+              "  --config-name, -cn NAME    the config to compose, .yaml optional (default: ppo_trainer, verl's",
+              "                             defaults; quickstart: rlx's tiny GRPO job, what `make run` runs)",
+              "  --check                    compose, validate and run the preflight (models, data, reward,",
+              "                             checkpoints), print what would run (roles, world size, engines,",
+              "                             offload), exit 0, or 2 with every error; Ray is not started",
+              "  --help, -h                 this help"]
+    return "\n".join(lines)
+
+
+def print_config(args: CliArgs) -> None:
+    """`--cfg job|hydra|all`: the composed config as YAML (`job` is rlx's full tree, schema defaults included)."""
+    from omegaconf import OmegaConf
+
+    from rlx.config.loader import compose_with_hydra, load_config, merge_schema
+
+    job, hydra_cfg = compose_with_hydra(args.overrides, args.config_dir, args.config_name, hydra=args.cfg != "job")
+    job = merge_schema(job)
+
+    def dump(node, resolve: bool) -> str:
+        try:
+            return OmegaConf.to_yaml(node, resolve=resolve)
+        except Exception:  # noqa: BLE001 - Hydra's own ${hydra:...} resolvers only work inside a Hydra run
+            return OmegaConf.to_yaml(node)
+
+    if args.package:
+        root = OmegaConf.create({"hydra": hydra_cfg}) if args.package.split(".")[0] == "hydra" else job
+        node = OmegaConf.select(root, args.package, default=None)
+        if node is None:
+            raise ValueError(f"--package {args.package!r}: no such node in the composed config")
+        text = dump(node, args.resolve) if OmegaConf.is_config(node) else f"{node}\n"
+        print(f"# @package {args.package}\n{text}", end="")
+        return
+    if args.cfg in ("hydra", "all"):
+        print("# hydra: Hydra's own settings. rlx composes its config through Hydra's compose API and does not use\n"
+              "# Hydra's run directories, job logging or launchers.")
+        print(dump(OmegaConf.create({"hydra": hydra_cfg}), args.resolve), end="")
+    if args.cfg in ("job", "all"):
+        print(dump(job, args.resolve), end="")
+        sys.stdout.flush()
+        try:  # Hydra prints without running the app; rlx also says whether a run would pass validation
+            load_config(args.overrides, args.config_dir, args.config_name)
+        except ValueError as e:
+            print(f"rlx: note: a run with this config would stop before it starts:\n{e}", file=sys.stderr)
+
+
+def unused_section_notes(overrides: list[str], cfg: RLXConfig, plan: JobPlan) -> list[str]:
+    """One line per section whose keys the command line sets but this job (`plan`) never builds: critic.* when the
+    estimator trains no critic (anything but gae), actor_rollout_ref.ref.* when no reference policy is built
+    (neither actor.use_kl_loss nor algorithm.use_kl_in_reward). Nothing is refused: verl accepts them too."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from rlx.config.loader import parse_override
+
+    parser = OverridesParser.create()
+    keys = list(dict.fromkeys(parse_override(parser, raw).key_or_group for raw in overrides))
+    notes = []
+    estimator = cfg.algorithm.adv_estimator
+    critic_keys = [k for k in keys if k.startswith("critic.")]
+    if critic_keys and not plan.roles.critic:
+        notes.append(f"rlx: note: {', '.join(critic_keys)} unused: algorithm.adv_estimator={estimator} trains no "
+                     f"critic (only gae does)")
+    ref_keys = [k for k in keys if k.startswith("actor_rollout_ref.ref.")]
+    if ref_keys and not plan.roles.ref:
+        notes.append(f"rlx: note: {', '.join(ref_keys)} unused: no reference policy is built "
+                     f"(actor_rollout_ref.actor.use_kl_loss=False and algorithm.use_kl_in_reward=False)")
+    return notes
+
+
+def _base_config_hint(args: CliArgs) -> str:
+    """After an error of a job on the base config (verl's defaults): where rlx's ready-to-run job is."""
+    if args.config_dir is not None or args.config_name != "ppo_trainer":
+        return ""
+    return ("\n(The base config has verl's defaults: set the model, the data and the per-GPU batch sizes as a verl "
+            "command does. rlx's small ready-to-run job: --config-name quickstart, or `make run`.)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (default: sys.argv[1:]); returns the exit code."""
+    from rlx.config import load_config
+    from rlx.config.loader import OverrideParseError
+    from rlx.plan import make_plan
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        args = parse_argv(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"rlx: {e}. See --help.", file=sys.stderr)
+        return 2
+    if args.help:
+        print(usage())
+        return 0
+    try:
+        if args.cfg:
+            try:
+                print_config(args)
+            except BrokenPipeError:  # `--cfg job | head`: the reader left; not an error
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        notes: list[str] = []
+        cfg = load_config(args.overrides, args.config_dir, args.config_name, notes=notes)
+        plan = make_plan(cfg)  # what the job runs (engines, roles, pools), resolved once
+    except OverrideParseError as e:
+        print(f"rlx: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"rlx: config error\n{e}{_base_config_hint(args)}", file=sys.stderr)
+        return 2
+    from rlx.checkpoint import DamagedCheckpointError
+    from rlx.trainer.launch import Terminated, run
+    from rlx.trainer.ppo_trainer import TrainingStopped
+    from rlx.trainer.preflight import PreflightError, preflight
+
+    for note in notes + unused_section_notes(args.overrides, cfg, plan):  # said once, before Ray starts
+        print(note, file=sys.stderr, flush=True)
+    try:
+        inputs = preflight(cfg, plan)
+    except PreflightError as e:
+        print(f"rlx: {e}{_base_config_hint(args)}", file=sys.stderr)
+        return 2
+    if args.check:
+        from rlx.trainer.check import describe
+
+        print(describe(cfg, plan, inputs), flush=True)
+        return 0
+    try:
+        run(cfg, plan, inputs)
+    except (TrainingStopped, DamagedCheckpointError) as e:
+        print(f"rlx: training stopped: {e}", file=sys.stderr)
+        return 1
+    except Terminated:
+        return 143  # 128 + SIGTERM, what a shell reports for a process the signal ended
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    from rlx.trainer.console import keep_worker_output_in_ray_logs
+
+    keep_worker_output_in_ray_logs()  # before anything imports Ray
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Launch a job on Ray: join or start Ray, train, and stop cleanly whatever ends the run (`run`).
+
+SIGTERM (what schedulers send) unwinds the driver like Ctrl-C (`Terminated`), so the workers and a Ray started here
+stop without a stack dump; `ray_init.timeline_json_file` gets Ray's task timeline at the end.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.config.schema import RLXConfig
+    from rlx.plan import JobPlan
+    from rlx.trainer.preflight import DriverInputs
+
+log = logging.getLogger("rlx")
+
+
+def init_ray(cfg: RLXConfig, plan: JobPlan) -> None:
+    """Join the cluster named by ray_init.address (`auto` or host:port) / RAY_ADDRESS, else start a new local Ray.
+
+    Local means local: without an address, `ray.init(address="local")` starts a private Ray even when Ray's temp
+    folder names a cluster (a `ray start` of this machine, or a stale file of a stopped one), which a bare
+    `ray.init()` would join. A local Ray with trainer.device=cpu declares at least one CPU per worker slot (each
+    slot is a placement-group bundle of one CPU: the bundles of all of `plan`'s pools).
+    No runtime env is passed here: `WorkerGroup` gives every worker the environment it needs, so nothing can
+    clash with the runtime env of a `ray job submit`.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = cfg.ray_init.address or os.environ.get("RAY_ADDRESS")
+    if address and address != "local":  # join the existing cluster; never start a second, local one
+        ray.init(address=address)
+        return
+    num_cpus = cfg.ray_init.num_cpus
+    if num_cpus is None and cfg.trainer.device == "cpu":
+        num_cpus = max(os.cpu_count() or 1, plan.placement.bundles)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+
+
+class Terminated(BaseException):
+    """SIGTERM (what schedulers send) as an exception: the driver unwinds as on Ctrl-C, so the workers and the
+    Ray it started stop cleanly, with no stack dump."""
+
+
+@contextmanager
+def sigterm_unwinds():
+    """While training, SIGTERM raises `Terminated` in the driver. Installed after `ray.init`, whose own handler
+    (`sys.exit` from wherever the driver is, often inside Ray's C++ calls) ends in an abort and a core dump."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: the cleanup must not be cut short
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def write_timeline(cfg: RLXConfig) -> None:
+    """`ray_init.timeline_json_file`: Ray's task timeline of the run (chrome://tracing JSON), as verl writes it."""
+    import ray
+
+    path = cfg.ray_init.timeline_json_file
+    if path and ray.is_initialized():
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        ray.timeline(filename=path)
+        log.info("ray timeline written to %s", path)
+
+
+def _last_checkpoint_note(cfg: RLXConfig) -> str:
+    from rlx import checkpoint as ckpt
+
+    root = os.path.abspath(cfg.trainer.default_local_dir)
+    steps = ckpt.list_steps(root)
+    if not steps:
+        return "No checkpoint was saved (trainer.save_freq)."
+    return (f"The last complete checkpoint, {ckpt.step_dir(root, steps[-1])}, is kept: the same command resumes "
+            f"from it (trainer.resume_mode=auto).")
+
+
+def run(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None):
+    """Check (preflight), start Ray (if needed), train the job `plan` describes (rlx.plan.make_plan(cfg)); returns
+    the trainer (its `history` holds the per-step metrics). Whatever ends the run, the workers and a Ray started here
+    are stopped."""
+    import ray
+
+    from rlx.trainer import console
+    from rlx.trainer.ppo_trainer import RayPPOTrainer
+    from rlx.trainer.preflight import preflight
+
+    inputs = inputs or preflight(cfg, plan)  # before Ray: a job that cannot run stops here
+    if plan.rollout.note:
+        log.warning("rollout: %s", plan.rollout.note)
+    log.info("rollout: %s", plan.rollout.engine)
+    own_ray = not ray.is_initialized()
+    console.drop_known_harmless_warnings()
+    init_ray(cfg, plan)
+    console.announce_worker_logs()
+    trainer = None
+    try:
+        with sigterm_unwinds():
+            trainer = RayPPOTrainer(cfg, plan, inputs)
+            try:
+                trainer.history = trainer.fit()
+            except (Terminated, KeyboardInterrupt) as e:
+                what = "SIGTERM" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
+                print(f"rlx: {what} at step {trainer.global_step}: stopping the workers. "
+                      f"{_last_checkpoint_note(cfg)}", file=sys.stderr, flush=True)
+                raise
+    finally:
+        write_timeline(cfg)
+        if trainer is not None:
+            trainer.shutdown()
+        if own_ray:
+            ray.shutdown()
+    if trainer.val_history:
+        first, last = trainer.val_history[0], trainer.val_history[-1]
+        for key in sorted(k for k in first if k.endswith("/reward/mean")):
+            print(f"validation {key}: start {first[key]:.4f} -> end {last.get(key, float('nan')):.4f}", flush=True)
+    return trainer
