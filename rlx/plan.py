@@ -19,8 +19,8 @@ Ray starts, and handed down: the trainer builds the pools and groups it names, e
 are a pure function of the config, valid on any config. Whether vLLM is installed is asked through one function,
 `vllm_installed`, passed in (tests stand it in).
 
-The engine names ("vllm", "hf") are compared here and in the rollout factory (rlx.workers.rollout) only; the role
-predicates are written here only (tests/test_plan.py checks both).
+The engine names ("vllm", "hf") are compared here, in rlx.config.roles and in the rollout factory only; the role
+predicates are written in rlx.config.roles only (tests/test_plan.py checks both).
 """
 from __future__ import annotations
 
@@ -29,13 +29,12 @@ from typing import Callable, Literal
 
 from rlx.config.agent import uses_agent_loop
 from rlx.config.device import vllm_available
+from rlx.config.roles import ENGINES, HF, VLLM, Engine, Roles, plan_roles, reward_model_pool, vllm_missing
 from rlx.config.schema import RLXConfig
 
-Engine = Literal["vllm", "hf"]
-VLLM: Engine = "vllm"
-HF: Engine = "hf"
-ENGINES: tuple[str, ...] = (VLLM, HF)
-"""The generation engines (the values rollout.name resolves to; reward_model.rollout.name takes them too)."""
+__all__ = ["ENGINES", "HF", "VLLM", "Engine", "Roles", "JobPlan", "make_plan", "plan_roles", "reward_model_pool",
+           "vllm_missing"]
+
 
 # worker groups (their Worker.NAME) and pools
 ACTOR_GROUP = "actor_rollout_ref"
@@ -72,22 +71,6 @@ class JudgePlan:
     with vLLM; 1 with hf."""
 
 
-@dataclass(frozen=True)
-class Roles:
-    """The roles a job builds (the actor and its rollout always)."""
-    ref: bool
-    """A reference policy: a KL term needs its log-probs (actor.use_kl_loss or algorithm.use_kl_in_reward)."""
-    critic: bool
-    """A value model: only GAE (algorithm.adv_estimator=gae) trains one."""
-    reward_model: bool
-    """The reward model scores the responses: reward_model.enable, unless custom_reward_function.path scores instead
-    (verl's precedence); a judge runs with a custom function too (the function reads its verdicts)."""
-    judge: bool
-    """The reward model is a generative judge (reward_model.judge.enable) and scores."""
-    actor: bool = True
-    """The policy, trained with FSDP (always)."""
-    rollout: bool = True
-    """The policy's generation engine (always; today in the actor's processes)."""
 
 
 @dataclass(frozen=True)
@@ -146,29 +129,14 @@ class JobPlan:
         return self.rollout.engine == VLLM or (self.judge is not None and self.judge.engine == VLLM)
 
 
-# ---------------------------------------------------------------------------------------------- the role predicates
-def plan_roles(cfg: RLXConfig) -> Roles:
-    """The roles of `cfg` (pure; valid on a config that has not passed validation, which reads them)."""
-    rm = cfg.reward_model
-    scores = bool(rm.enable and (not cfg.custom_reward_function.path or rm.judge.enable))
-    return Roles(ref=bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward),
-                 critic=cfg.algorithm.adv_estimator == "gae", reward_model=scores,
-                 judge=scores and bool(rm.judge.enable))
 
 
-def reward_model_pool(cfg: RLXConfig) -> tuple[int, int] | None:
-    """(nodes, GPUs per node) of the reward model's own pool (reward_model.enable_resource_pool with a reward model
-    that scores; the values as given, validation checks them); None when it is colocated or there is none."""
-    rm = cfg.reward_model
-    if not (plan_roles(cfg).reward_model and rm.enable_resource_pool):
-        return None
-    return rm.nnodes, rm.n_gpus_per_node
+
+
 
 
 # ---------------------------------------------------------------------------------------------- engines
-def vllm_missing(name: str | None, vllm_installed: Callable[[], bool] = vllm_available) -> bool:
-    """`name` (a rollout.name) asks for vLLM, which is not installed."""
-    return name == VLLM and not vllm_installed()
+
 
 
 def resolve_engine(name: str, vllm_installed: Callable[[], bool] = vllm_available) -> tuple[Engine, str | None]:

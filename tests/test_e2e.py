@@ -237,7 +237,7 @@ def test_verl_quickstart_ppo_command_runs_gae_with_a_critic(ray_local, tmp_path)
     import json
 
     from rlx.config import load_config as load_base_config
-    from rlx.cli import unused_section_notes
+    from rlx.trainer.cli import unused_section_notes
     from rlx.trainer.launch import run
     from test_verl_defaults import VERL_QUICKSTART
 

@@ -35,7 +35,7 @@ LAYERS = [
     # 5: the driver: the loop, the Ray launch, the preflight
     ("rlx.trainer", 5),
     # 6: the command line, and verl's module name for it
-    ("rlx.cli", 6),
+    ("rlx.trainer.cli", 6),
     ("rlx.trainer.main_ppo", 6),
 ]
 LAYER_NAMES = {0: "leaves", 1: "config", 2: "engine", 3: "checkpoint", 4: "workers", 5: "trainer", 6: "entry point"}

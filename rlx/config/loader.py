@@ -253,7 +253,7 @@ def merge_schema(cfg: DictConfig) -> DictConfig:
 
 def load_config(overrides: list[str] | None = None, config_dir: str | Path | None = None,
                 config_name: str = "ppo_trainer", validate: bool = True, notes: list[str] | None = None) -> RLXConfig:
-    """What the command line (rlx.cli) does before anything starts: compose, check keys, type, validate. `notes`: a list that gets
+    """What the command line (rlx.trainer.cli) does before anything starts: compose, check keys, type, validate. `notes`: a list that gets
     the `rlx: note:` lines of the load (deprecated keys taken as verl takes them)."""
     from rlx.config.device import resolve_device
     from rlx.config.reward import merge_reward_section

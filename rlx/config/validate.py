@@ -15,7 +15,7 @@ from rlx.algos.policy_losses import LOSS_MODES
 from rlx.config.deprecated import DIVIDED_BY, data_parallel_size
 from rlx.config.profiler import TORCH_CONTENTS
 from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, NOT_SUPPORTED_REASONS, RLXConfig
-from rlx.plan import ENGINES, plan_roles, reward_model_pool, vllm_missing
+from rlx.config.roles import ENGINES, plan_roles, reward_model_pool, vllm_missing
 
 STRATEGIES = ("fsdp", "fsdp2")
 VERL_ENGINE_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")  # the values verl's FSDP engine config accepts
