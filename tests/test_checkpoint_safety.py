@@ -277,3 +277,44 @@ def test_a_checkpoint_of_another_model_is_refused_before_ray(real_step, tmp_path
     assert "num_hidden_layers: checkpoint 4, this run 2" in err, err
     import ray
     assert not ray.is_initialized()
+
+
+def _two_ranks(rank: int, world: int, port: int, root: str, where: str) -> None:
+    """Save a sharded optimizer from 2 gloo ranks, plant a payload (rank 0), load it back on both ranks."""
+    import warnings
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from rlx.checkpoint_safety import load_whole
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        step = __import__("pathlib").Path(root) / "global_step_1"
+        dcp.save(get_optimizer_state_dict(model, opt), checkpoint_id=str(step / "actor" / "optim"))
+        marker = __import__("pathlib").Path(root) / "code_ran"
+        if rank == 0:
+            PLANTS[where](step, _WritesAFile(str(marker)))
+        dist.barrier()
+        with pytest.raises(ckpt.UnsafeCheckpointError, match="actor/optim/"):
+            load_whole(get_optimizer_state_dict(model, opt), str(step / "actor" / "optim"), "fix", partial=True)
+        assert not marker.exists(), f"rank {rank}: loading ran the checkpoint's code"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("where", ["optim_metadata", "optim_byte_item"])
+def test_every_rank_refuses_a_planted_optimizer(tmp_path, where):
+    """Under collectives (2 gloo ranks), as the workers load: each rank raises the refusal itself (not DCP's
+    wrapped CheckpointException), and nothing runs."""
+    from conftest import free_port
+
+    torch.multiprocessing.spawn(_two_ranks, args=(2, free_port(), str(tmp_path), where), nprocs=2, join=True)
