@@ -5,7 +5,7 @@ compose + strict key check -> typed config -> validate -> the job plan (rlx.plan
 checkpoints; all before Ray starts) -> `rlx.trainer.launch.run` (ray.init, trainer.fit()). `--cfg job|hydra|all` and
 `--help` answer as a Hydra app does; `--check` stops after the preflight and prints what would run.
 Exit codes: 0 done, 1 training stopped (a garbage reward, skipped steps, a damaged checkpoint), 2 the command line,
-config or inputs are wrong (nothing started), 130 Ctrl-C, 143 SIGTERM.
+config or inputs are wrong, or another run holds trainer.default_local_dir (nothing started), 130 Ctrl-C, 143 SIGTERM.
 """
 from __future__ import annotations
 
@@ -249,8 +249,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print(describe(cfg, plan, inputs), flush=True)
         return 0
+    from rlx.checkpoint_lock import CheckpointDirLocked
+
     try:
         run(cfg, plan, inputs)
+    except CheckpointDirLocked as e:
+        print(f"rlx: {e}", file=sys.stderr)
+        return 2
     except (TrainingStopped, DamagedCheckpointError) as e:
         print(f"rlx: training stopped: {e}", file=sys.stderr)
         return 1

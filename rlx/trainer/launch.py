@@ -93,16 +93,39 @@ def _last_checkpoint_note(cfg: RLXConfig) -> str:
 
 
 def run(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None):
-    """Check (preflight), start Ray (if needed), train the job `plan` describes (rlx.plan.make_plan(cfg)); returns
-    the trainer (its `history` holds the per-step metrics). Whatever ends the run, the workers and a Ray started here
-    are stopped."""
+    """Check (preflight), lock the checkpoint folder, start Ray (if needed), train the job `plan` describes
+    (rlx.plan.make_plan(cfg)); returns the trainer (its `history` holds the per-step metrics). Whatever ends the run,
+    the workers and a Ray started here are stopped and the lock is released."""
+    from rlx.trainer.preflight import preflight
+
+    inputs = inputs or preflight(cfg, plan)  # before Ray: a job that cannot run stops here
+    with run_lock(cfg):  # one run per checkpoint folder; a second stops here, before Ray
+        return _run_locked(cfg, plan, inputs)
+
+
+@contextmanager
+def run_lock(cfg: RLXConfig):
+    """The lock of `trainer.default_local_dir` (`rlx.checkpoint_lock`) while the run writes there (checkpoints,
+    file logs); `CheckpointDirLocked` when another run holds it."""
+    from rlx.checkpoint_lock import acquire
+    from rlx.config.validate import local_dir_writers
+
+    if not local_dir_writers(cfg):
+        yield None
+        return
+    lock = acquire(os.path.abspath(cfg.trainer.default_local_dir))
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
     import ray
 
     from rlx.trainer import console
     from rlx.trainer.ppo_trainer import RayPPOTrainer
-    from rlx.trainer.preflight import preflight
 
-    inputs = inputs or preflight(cfg, plan)  # before Ray: a job that cannot run stops here
     if plan.rollout.note:
         log.warning("rollout: %s", plan.rollout.note)
     log.info("rollout: %s", plan.rollout.engine)
