@@ -18,6 +18,10 @@ Integrity: resume only starts from a step whose files all match the checksums in
 (`verify`); a step that does not (bytes overwritten, a truncated or unreadable file, a marker without
 checksums) is reported by file and skipped for the newest earlier one that does, or stops the run
 (`trainer.on_damaged_checkpoint`).
+
+Safety: loading never runs code from a file and loads only whole checkpoints of the same model
+(`rlx.checkpoint_safety`; `meta.json` records the model, `rlx.engine.architecture`); one run at a time writes a
+root (`rlx.checkpoint_lock`). docs/faults.md has the whole story.
 """
 from __future__ import annotations
 
