@@ -74,9 +74,20 @@ def test_a_holder_that_cannot_be_checked_is_refused(tmp_path, holder):
     assert (tmp_path / LOCK).exists()
 
 
-def test_main_exits_2_before_ray_while_another_run_holds_the_folder(tmp_path, capsys):
+def _no_ray(monkeypatch):
+    """Ray must not start: a spy (an earlier test of the session may have started the shared local Ray)."""
+    from rlx.trainer import launch
+
+    def init_ray(*args):
+        raise AssertionError("Ray must not start")
+
+    monkeypatch.setattr(launch, "init_ray", init_ray)
+
+
+def test_main_exits_2_before_ray_while_another_run_holds_the_folder(tmp_path, capsys, monkeypatch):
     from rlx.trainer.cli import main
 
+    _no_ray(monkeypatch)
     root = tmp_path / "ckpts"
     with acquire(str(root)):  # a live holder (this process, standing in for another run)
         code = main(["--config-name", "quickstart", f"trainer.default_local_dir={root}", "trainer.save_freq=1",
@@ -84,5 +95,3 @@ def test_main_exits_2_before_ray_while_another_run_holds_the_folder(tmp_path, ca
         err = capsys.readouterr().err
         assert code == 2, err
         assert "is in use by another run" in err and f"pid {os.getpid()}" in err, err
-    import ray
-    assert not ray.is_initialized()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlx import checkpoint as ckpt
-from rlx.trainer.main_ppo import main
+from rlx.trainer.cli import main
 
 
 class _WritesAFile:
@@ -77,7 +77,10 @@ def test_resave_converts_to_the_plain_format(tmp_path):
     assert (random.random(), np.random.rand()) == expected
 
 
-def test_a_checkpoint_that_would_run_code_is_refused_before_training(tmp_path, capsys):
+def test_a_checkpoint_that_would_run_code_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    from test_checkpoint_lock import _no_ray
+
+    _no_ray(monkeypatch)
     marker = tmp_path / "code_ran"
     step = _step_dir(tmp_path / "ckpts", {"rng": _WritesAFile(str(marker)), "lr_scheduler": None})
     assert ckpt.verify(step) == [], "the manifest matches: only the loader can stop it"
@@ -89,8 +92,6 @@ def test_a_checkpoint_that_would_run_code_is_refused_before_training(tmp_path, c
     assert not marker.exists(), "unpickling ran the checkpoint's code"
     assert "extra_rank0.pt" in err and "weights_only=True" in err and "resave-extra" in err, err
     assert not out.exists(), "nothing may start: no logs, no checkpoints"
-    import ray
-    assert not ray.is_initialized()
     with pytest.raises(ckpt.UnsafeCheckpointError, match="extra_rank0.pt"):  # and the worker's loader refuses it too
         ckpt.load_extra(os.path.join(step, "actor", "extra_rank0.pt"))
     assert not marker.exists()
@@ -249,7 +250,10 @@ def test_the_clean_step_passes_and_loads_whole(real_step, tmp_path):
 
 
 @pytest.mark.parametrize("where", ["model_metadata", "optim_byte_item", "driver_state"])
-def test_main_refuses_a_planted_step_before_ray(real_step, tmp_path, capsys, where):
+def test_main_refuses_a_planted_step_before_ray(real_step, tmp_path, capsys, monkeypatch, where):
+    from test_checkpoint_lock import _no_ray
+
+    _no_ray(monkeypatch)
     step, marker, rel = _planted(real_step, tmp_path, where)
     out = tmp_path / "out"
     code = main(["--config-name", "quickstart", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={step}",
@@ -258,15 +262,16 @@ def test_main_refuses_a_planted_step_before_ray(real_step, tmp_path, capsys, whe
     assert code == 2, err
     assert not marker.exists(), "reading the checkpoint ran its code"
     assert str(step / rel) in err, err
-    import ray
-    assert not ray.is_initialized()
 
 
-def test_a_checkpoint_of_another_model_is_refused_before_ray(real_step, tmp_path, capsys):
+def test_a_checkpoint_of_another_model_is_refused_before_ray(real_step, tmp_path, capsys, monkeypatch):
     """The fixture's 4-layer actor into a 2-layer model (exit 0 before: the layers beyond 2 were dropped silently):
     refused by the preflight, both named."""
     import shutil
 
+    from test_checkpoint_lock import _no_ray
+
+    _no_ray(monkeypatch)
     step = tmp_path / "ckpts" / "global_step_1"
     shutil.copytree(real_step, step)
     code = main(["--config-name", "quickstart", "trainer.resume_mode=auto", f"trainer.default_local_dir={step.parent}",
@@ -275,8 +280,6 @@ def test_a_checkpoint_of_another_model_is_refused_before_ray(real_step, tmp_path
     assert code == 2, err
     assert f"{step / 'actor' / 'meta.json'}: the checkpoint's actor is another model" in err, err
     assert "num_hidden_layers: checkpoint 4, this run 2" in err, err
-    import ray
-    assert not ray.is_initialized()
 
 
 def _two_ranks(rank: int, world: int, port: int, root: str, where: str) -> None:

@@ -95,7 +95,7 @@ def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
     _check_lora_adapter(cfg, problems)
     _check_vllm(plan, problems)
     _check_writable(cfg, problems)
-    resume_dir = _check_resume(cfg, problems)
+    resume_dir = _check_resume(cfg, plan, problems)
     if problems:
         raise PreflightError(problems)
     return DriverInputs(tokenizer, train, val, score_fn, resume_dir)
@@ -318,7 +318,7 @@ def _check_writable(cfg: RLXConfig, problems: list[str]) -> None:
                         f"directory.")
 
 
-def _check_resume(cfg: RLXConfig, problems: list[str]) -> str | None:
+def _check_resume(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> str | None:
     import dataclasses
 
     from rlx import checkpoint as ckpt
@@ -340,11 +340,11 @@ def _check_resume(cfg: RLXConfig, problems: list[str]) -> str | None:
     if unsafe:
         return None
     found = len(problems)
-    _check_resumed_models(cfg, resume_dir, problems)
+    _check_resumed_models(cfg, plan, resume_dir, problems)
     return None if len(problems) > found else resume_dir
 
 
-def _check_resumed_models(cfg: RLXConfig, resume_dir: str, problems: list[str]) -> None:
+def _check_resumed_models(cfg: RLXConfig, plan: JobPlan, resume_dir: str, problems: list[str]) -> None:
     """Each role's model in the checkpoint (its meta.json record) is the model this run builds: class, layers,
     hidden and vocabulary sizes, LoRA, parameter names and shapes (built on the meta device: no weights read)."""
     import json
@@ -352,7 +352,7 @@ def _check_resumed_models(cfg: RLXConfig, resume_dir: str, problems: list[str]) 
     from rlx.engine.architecture import differences, expected
 
     roles = {"actor": (cfg.actor_rollout_ref.model, "actor_rollout_ref.model")}
-    if cfg.algorithm.adv_estimator == "gae":
+    if plan.roles.critic:
         roles["critic"] = (cfg.critic.model, "critic.model")
     for role, (model_cfg, key) in roles.items():
         meta_path = os.path.join(resume_dir, role, "meta.json")
