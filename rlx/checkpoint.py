@@ -18,6 +18,10 @@ Integrity: resume only starts from a step whose files all match the checksums in
 (`verify`); a step that does not (bytes overwritten, a truncated or unreadable file, a marker without
 checksums) is reported by file and skipped for the newest earlier one that does, or stops the run
 (`trainer.on_damaged_checkpoint`).
+
+Safety: loading never runs code from a file and loads only whole checkpoints of the same model
+(`rlx.checkpoint_safety`; `meta.json` records the model, `rlx.engine.architecture`); one run at a time writes a
+root (`rlx.checkpoint_lock`). docs/faults.md has the whole story.
 """
 from __future__ import annotations
 
@@ -214,18 +218,19 @@ def save_engine(engine, path: str, contents=CONTENTS, hf_export: bool = False, t
             export_adapter(engine, os.path.join(path, ADAPTER_DIR))
     _barrier()  # every rank's files are written before rank 0 declares the engine part done
     if rank == 0:
-        meta = {"role": getattr(engine, "role", None), "world_size": world, "contents": saved,
-                "torch": torch.__version__}
+        meta = {"role": engine.role, "world_size": world, "contents": saved, "torch": torch.__version__,
+                "model": engine.architecture}
         _atomic_write(os.path.join(path, "meta.json"), json.dumps(meta, indent=1))
     _barrier()
 
 
 def load_engine(engine, path: str, contents=CONTENTS) -> None:
     """Restore what `save_engine` wrote (model, optimizer, lr scheduler, RNG). Collective: every rank."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
+
+    from rlx.checkpoint_safety import load_whole  # nothing in the files runs; only whole checkpoints load
+    from rlx.engine.base import MODEL_KEYS
 
     contents = _check_contents(contents, "load_contents") - set(EXPORTS)
     meta_path = os.path.join(path, "meta.json")
@@ -240,19 +245,22 @@ def load_engine(engine, path: str, contents=CONTENTS) -> None:
         raise ValueError(f"{path} holds {meta['contents']} but load_contents asks for {sorted(missing)}; "
                          f"drop them from checkpoint.load_contents or resume from another checkpoint")
     rank, world = _rank_world()
+    key = MODEL_KEYS.get(engine.role, "the role's model")
+    fix = (f"resume with the model the checkpoint was saved from ({key}.path, override_config and LoRA keys as "
+           f"then), or start fresh (trainer.resume_mode=disable)")
     with engine.phase(with_optimizer=engine.optimizer is not None):
         if "model" in contents:
             opts = _state_dict_options(engine)
             sd = get_model_state_dict(engine.module, options=opts)
-            dcp.load(sd, checkpoint_id=os.path.join(path, "model"))
+            load_whole(sd, os.path.join(path, "model"), fix)
             set_model_state_dict(engine.module, sd, options=opts)
         if "optimizer" in contents:
             osd = get_optimizer_state_dict(engine.module, engine.optimizer)  # initialises empty Adam state
             # FSDP1 can leave a rank whose flat shard holds none of a small module's parameters (e.g. the
             # critic's score head): that rank has no state for them, which strict loading takes for a
-            # missing key. Everything the rank does hold must still be in the checkpoint.
-            dcp.load(osd, checkpoint_id=os.path.join(path, "optim"),
-                     planner=DefaultLoadPlanner(allow_partial_load=True))
+            # missing key. Everything the rank does hold must still be in the checkpoint, and every saved key
+            # must be loaded by some rank.
+            load_whole(osd, os.path.join(path, "optim"), fix, partial=True)
             set_optimizer_state_dict(engine.module, engine.optimizer, osd)
     if "extra" in contents:
         own = os.path.join(path, f"extra_rank{rank}.pt")
@@ -553,8 +561,22 @@ def find_resume_dir(trainer_cfg: TrainerConfig) -> str | None:
     raise ValueError(f"trainer.resume_mode={mode!r}: choose auto | disable | resume_path")
 
 
-_JSON_TAGS = {"__tensor__": lambda v, d: torch.tensor(v, dtype=getattr(torch, d)),
-              "__ndarray__": lambda v, d: np.asarray(v, dtype=d)}
+def _json_dtype(name, numpy: bool):
+    """A dtype named in the driver state: a torch or numpy number type, nothing else (an object dtype or any other
+    attribute of torch is refused as damage)."""
+    if numpy:
+        dtype = np.dtype(name) if isinstance(name, str) else None
+        if dtype is None or dtype.kind not in "biufc":
+            raise ValueError(f"dtype {name!r} is not a numpy number type")
+        return dtype
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype {name!r} is not a torch dtype")
+    return dtype
+
+
+_JSON_TAGS = {"__tensor__": lambda v, d: torch.tensor(v, dtype=_json_dtype(d, numpy=False)),
+              "__ndarray__": lambda v, d: np.asarray(v, dtype=_json_dtype(d, numpy=True))}
 
 
 def _to_json(x):
@@ -596,7 +618,7 @@ def load_driver_state(directory: str) -> dict:
     try:
         with open(path) as f:
             return _from_json(json.load(f))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, TypeError, KeyError) as e:
         raise DamagedCheckpointError(f"{path} is unreadable ({type(e).__name__}: {e}); resume from the previous "
                                      f"step: trainer.resume_mode=resume_path trainer.resume_from_path=<an "
                                      f"earlier global_step_N dir>") from None

@@ -16,14 +16,21 @@ from conftest import spawn_per_strategy
 WORLD = 2
 
 
-def _engine(strategy: str):
-    from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
+def _model_cfg(**override_config):
+    from rlx.config.schema import ModelConfig
+
+    return ModelConfig(path="builtin://tiny-qwen2", enable_gradient_checkpointing=False, use_remove_padding=False,
+                       override_config=override_config)
+
+
+def _engine(strategy: str, **override_config):
+    from rlx.config.schema import ActorConfig, FSDPConfig, OptimConfig
     from rlx.engine.actor import ActorEngine
 
     # warm-up makes the lr differ per step, so a scheduler that is not restored shows in the params
     actor_cfg = ActorConfig(strategy=strategy, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
                             optim=OptimConfig(lr=1e-2, lr_warmup_steps=3))
-    model_cfg = ModelConfig(path="builtin://tiny-qwen2", enable_gradient_checkpointing=False, use_remove_padding=False)
+    model_cfg = _model_cfg(**override_config)
     return ActorEngine(role="actor", model_cfg=model_cfg, actor_cfg=actor_cfg,
                        fsdp_cfg=FSDPConfig(), strategy=strategy, device=torch.device("cpu"), world_size=WORLD,
                        rollout_n=2, temperature=1.0, total_steps=10)
@@ -139,6 +146,16 @@ def _check(rank: int, strategy: str, root: str):
     ckpt.load_engine(c, os.path.join(d2, "actor"))
     for k, v in _full_params(c).items():
         assert torch.equal(v, params2b[k]), k
+
+    # (4) meta.json records the model as the preflight describes it (built on the meta device); a model with a
+    # layer less is refused at load by key (before: loaded, the last layer silently dropped)
+    from rlx.engine.architecture import expected
+
+    with open(os.path.join(d2, "actor", "meta.json")) as f:
+        assert json.load(f)["model"] == c.architecture == expected(_model_cfg(), "actor")
+    small = _engine(strategy, num_hidden_layers=3)
+    with pytest.raises(ValueError, match=r"saved from another model: \d+ saved keys the model does not have"):
+        ckpt.load_engine(small, os.path.join(d2, "actor"))
 
 
 def test_resume_exact_hf_export_and_crash(tmp_path, monkeypatch):

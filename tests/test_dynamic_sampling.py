@@ -38,7 +38,30 @@ def test_metric_values():
     assert metric_values(batch, {}, "acc").tolist() == [0.25, 1.0]  # a function returning numbers: acc = score
     assert metric_values(batch, {"acc": [True, False]}, "acc").tolist() == [1.0, 0.0]
     with pytest.raises(ValueError, match="metric='acc'.*'pred'"):
-        metric_values(batch, {"pred": ["1", "2"]}, "acc")
+        metric_values(batch, {"pred": ["1", "2"], "score": [0.0, 1.0]}, "acc")
+    # a function returning numbers, with the overlong extras logged: acc and score are still its score
+    logged = {"overlong_reward": [0.0, 0.0], "overlong": [0.0, 0.0]}
+    assert metric_values(batch, logged, "acc").tolist() == metric_values(batch, logged, "score").tolist() == [0.25, 1]
+
+
+def test_filter_by_score_of_a_dict_function_as_verl():
+    """metric=score with a function returning {'score', ...} (verl's DAPO recipe): the dict's score before the
+    overlong penalty. Group a: scores 1, 1 but different lengths (penalties): dropped by score, kept by reward."""
+    from rlx.data.reward import RewardManager
+    from rlx.models import build_byte_tokenizer
+    from test_reward import _batch
+
+    tok = build_byte_tokenizer()
+    batch = _batch(tok, ["yes", "yes and more", "yes", "no"], sources=["d"] * 4, truths=["yes"] * 4)
+    batch.non_tensors["uid"] = np.array(["a", "a", "b", "b"], dtype=object)
+    fn = lambda data_source, solution_str, ground_truth, extra_info=None: {  # noqa: E731
+        "score": float(solution_str.startswith(ground_truth)), "pred": solution_str[:3]}
+    buffer = dict(enable=True, len=6, penalty_factor=1.0, log=False)
+    scores, extra = RewardManager(tok, fn, overlong_buffer=buffer, max_resp_len=10)(batch)
+    assert extra["score"] == [1.0, 1.0, 1.0, 0.0]
+    batch.tensors["token_level_scores"] = scores
+    assert kept_uids(batch["uid"], metric_values(batch, extra, "score")) == ["b"]
+    assert kept_uids(batch["uid"], metric_values(batch, extra, "reward")) == ["a", "b"]  # the penalty varies
 
 
 def test_fill_collects_rounds_until_enough_groups():

@@ -157,6 +157,20 @@ def _check(rank: int, strategy: str, root: str):
 
         keys = dcp.FileSystemReader(os.path.join(d1, "actor", "model")).read_metadata().state_dict_metadata
         assert keys and all(".lora_A." in k or ".lora_B." in k for k in keys), sorted(keys)[:5]
+        # meta.json's model record: what the preflight builds on the meta device, from the keys or the adapter
+        import json
+
+        from rlx.config.schema import ModelConfig
+        from rlx.engine.architecture import differences, expected
+
+        with open(os.path.join(d1, "actor", "meta.json")) as f:
+            record = json.load(f)["model"]
+        assert record["lora"]["rank"] == 4 and record == b.architecture
+        assert record == expected(ModelConfig(path="builtin://tiny-qwen2", lora_rank=4, lora_alpha=8), "actor")
+        adapter = os.path.join(d, "actor", ckpt.ADAPTER_DIR)
+        assert record == expected(ModelConfig(path="builtin://tiny-qwen2", lora_adapter_path=adapter), "actor")
+        other = expected(ModelConfig(path="builtin://tiny-qwen2", lora_rank=8, lora_alpha=8), "actor")
+        assert differences(record, other) == [f"lora: checkpoint {record['lora']!r}, this run {other['lora']!r}"]
 
 
 def _check_exports(actor_dir, merged, batch, on_lp):

@@ -125,6 +125,8 @@ def test_unwritable_checkpoint_dir(tmp_path):
 def _complete_step(root, step):
     d = ckpt.step_dir(root, step)
     os.makedirs(os.path.join(d, "actor"))
+    with open(os.path.join(d, "actor", "meta.json"), "w") as f:
+        f.write('{"role": "actor", "world_size": 1, "contents": []}')
     ckpt.save_driver_state(d, {"global_step": step})
     ckpt.mark_complete(d)
     return d

@@ -42,6 +42,16 @@ def test_resume_reproduces_the_next_step(ray_local, tmp_path, caplog, strategy, 
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     export = tmp_path / "global_step_3" / "actor" / "huggingface"
     assert (export / "config.json").exists()
+    # each role's meta.json records its model as the preflight builds it on the meta device (compared at resume)
+    import json
+
+    from rlx.engine.architecture import expected
+
+    cfg = load_config(SMALL + common)
+    for role, model_cfg in (("actor", cfg.actor_rollout_ref.model), ("critic", cfg.critic.model)):
+        if (tmp_path / "global_step_3" / role).exists():
+            record = json.loads((tmp_path / "global_step_3" / role / "meta.json").read_text())["model"]
+            assert record == expected(model_cfg, role), role
 
     # A crash during the step-3 save (its parts exist but it never became complete), or a step-3 shard whose
     # bytes were overwritten after the save: auto-resume must take step 2, the newest complete checkpoint that

@@ -209,10 +209,10 @@ def test_reward_manager_dict_scores(tmp_path):
     batch = _batch(tok, ["abc", "xyz", "q"], sources=["d", "plain", "d"], truths=["b", "y", "z"])
     scores, extra = RewardManager(tok, load_reward_fn(CustomRewardFunctionConfig(path=str(src)), {}))(batch)
     assert scores[0, 3] == 1.0 and scores[1, 3] == 0.25 and scores[2, 1] == 0.0
-    assert set(extra) == {"acc", "source"}
+    assert set(extra) == {"acc", "source", "score"}  # as verl: every key of the dict, score included
     assert extra["acc"][0] == 1.0 and np.isnan(extra["acc"][1]) and extra["acc"][2] == 1.0
-    assert extra["source"][0] == "d"
-    assert mean_extras(extra) == {"acc": 1.0}
+    assert extra["source"][0] == "d" and extra["score"] == [1.0, 0.25, 0.0]
+    assert mean_extras(extra) == {"acc": 1.0, "score": pytest.approx(1.25 / 3)}
 
 
 def test_prepare_gsm8k_script(tmp_path):

@@ -72,6 +72,10 @@ def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
         assert proc.poll() is None, proc.stderr.read()
         family = psutil.Process(proc.pid).children(recursive=True)
         assert any("raylet" in p.name() for p in family)
+        import json
+
+        from rlx.checkpoint_lock import LOCK
+        assert json.loads((root / LOCK).read_text())["pid"] == proc.pid  # the run holds its checkpoint folder
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -92,3 +96,66 @@ def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
     assert not left, [(p.pid, p.name()) for p in left]
     steps = ckpt.list_steps(str(root))
     assert steps and steps[-1] >= 2 and ckpt.verify(ckpt.step_dir(str(root), steps[-1])) == []
+    assert not (root / LOCK).exists(), "the lock is released when the run ends"
+
+
+_SIGTERM_AT = r'''
+import os, signal, sys, time
+from rlx.trainer import launch, main_ppo, ppo_trainer, preflight
+
+where = sys.argv[1]
+
+
+def sigterm():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)  # the handler interrupts the sleep (or, while deferred, lets it finish)
+
+
+if where == "preflight":
+    preflight.preflight = lambda cfg, plan=None: sigterm()
+else:
+    preflight.preflight = lambda cfg, plan=None: preflight.DriverInputs(None, None, None, None, None)
+
+
+def init_ray(cfg, plan):
+    if where == "ray_init":
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # what ray.init installs
+        sigterm()
+
+
+class Trainer:  # stands in for the workers: the signal's timing is what is tested
+    def __init__(self, *args):
+        self.global_step, self.val_history = 3, []
+
+    def fit(self):
+        return []
+
+    def shutdown(self):
+        if where == "cleanup":
+            sigterm()
+            print("cleanup finished", file=sys.stderr)
+
+
+launch.init_ray = init_ray
+ppo_trainer.RayPPOTrainer = Trainer
+sys.exit(main_ppo.main(sys.argv[2:]))
+'''
+
+
+@pytest.mark.parametrize("where,line", [("preflight", "rlx: SIGTERM before training started."),
+                                        ("ray_init", "rlx: SIGTERM before training started."),
+                                        ("cleanup", "rlx: SIGTERM at step 3: stopped the workers.")])
+def test_sigterm_at_any_moment_ends_with_143_and_one_line(tmp_path, where, line):
+    """Before Ray (preflight), while Ray starts (its own handler calls sys.exit), while the workers are stopped
+    (the cleanup runs to its end first): exit 143 and the line Ctrl-C gives, no traceback, the lock released."""
+    from rlx.checkpoint_lock import LOCK
+
+    root = tmp_path / "ckpt"
+    proc = subprocess.run([sys.executable, "-c", _SIGTERM_AT, where, "--config-name", "quickstart",
+                           f"trainer.default_local_dir={root}", "trainer.save_freq=1", "trainer.logger=console"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert line in proc.stderr and "No checkpoint was saved" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert where != "cleanup" or proc.stderr.index("cleanup finished") < proc.stderr.index(line)
+    assert not (root / LOCK).exists()

@@ -779,8 +779,8 @@ class FilterGroupsConfig:
     metric: str = "reward"
     """What must vary within a group: reward or seq_reward (the sum of the response's scores, before any KL
     penalty), seq_final_reward (the same: the in-reward KL penalty is refused with dynamic sampling), or a key the
-    score function returns in its dict (acc, score, ...; acc is the score itself for a function returning a
-    number, as in verl's reward loop)."""
+    score function returns in its dict (acc, score, pred, ...; score is the dict's score before any overlong
+    penalty, as in verl; acc and score are the score itself for a function returning a number)."""
     max_num_gen_batches: int = 0
     """Generation rounds allowed per training step; the step fails with an error when they are used up before
     enough groups are kept. 0 or less: no limit."""

@@ -238,8 +238,10 @@ class RewardManager:
         else:
             results = [self.compute_score(data_source=sources[i], solution_str=texts[i], ground_truth=truths[i],
                                           extra_info=extra_infos[i]) for i in range(bsz)]
+        raw = []  # each response's score as the function gave it (before the overlong penalty)
         for i, (valid, result) in enumerate(zip(valids, results)):
             score = self._to_score(result, i, sources[i])
+            raw.append(score)
             if isinstance(result, dict):
                 for key, value in result.items():
                     if key != "score":
@@ -254,6 +256,8 @@ class RewardManager:
                 scores[i, valid[-1]] = score
             else:
                 logger.warning("response %d has no valid token; its score %.3f is dropped", i, score)
+        if any(isinstance(result, dict) for result in results):  # verl keeps every key of the dict, score too
+            extra_out["score"] = raw
         return scores.to(responses.device), extra_out
 
 

@@ -84,6 +84,9 @@ class FSDPEngine:
                                  f"{dtype}: FSDP1 flattens a layer's frozen base and its fp32 adapters into one "
                                  f"buffer of one dtype; use strategy=fsdp2, or model_dtype=fp32")
             self.lora = apply_lora(model, model_cfg)
+        from rlx.engine.architecture import describe
+
+        self.architecture = describe(model, self.lora)  # what a checkpoint of this engine says it holds
         if freeze_vision_tower:  # after LoRA, as verl: adapters placed inside the tower are frozen with it
             from rlx.engine.vision import apply_freeze_vision_tower
 

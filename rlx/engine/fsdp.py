@@ -49,8 +49,11 @@ def decoder_layer_classes(model: nn.Module) -> tuple[type, ...]:
 
 def build_hf_model(path: str, role: str, dtype: torch.dtype, override_config: dict | None = None,
                    trust_remote_code: bool = False, external_lib: str | None = None,
-                   attn_implementation: str = "sdpa") -> nn.Module:
-    """Load an HF causal LM (actor/ref) or a token-classification model with one label (critic)."""
+                   attn_implementation: str = "sdpa", meta: bool = False) -> nn.Module:
+    """Load an HF causal LM (actor/ref) or a token-classification model with one label (critic).
+
+    `meta`: build the same model on the meta device from its config alone (no weights read, no memory): its
+    parameters' names and shapes, for checks before any worker starts."""
     import importlib
 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
@@ -66,13 +69,15 @@ def build_hf_model(path: str, role: str, dtype: torch.dtype, override_config: di
     config.use_cache = False
     kwargs = dict(config=config, torch_dtype=dtype, trust_remote_code=trust_remote_code,
                   attn_implementation=attn_implementation)
+    auto = AutoModelForCausalLM
     if role == "critic":
         config.num_labels = 1
         config.classifier_dropout = 0.0
-        model = AutoModelForTokenClassification.from_pretrained(path, **kwargs)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    return model
+        auto = AutoModelForTokenClassification
+    if meta:
+        with torch.device("meta"):
+            return auto.from_config(config, trust_remote_code=trust_remote_code)
+    return auto.from_pretrained(path, **kwargs)
 
 
 _MESHES: dict = {}  # (device type, world, fsdp_size) -> (the default group it was built on, its mesh)

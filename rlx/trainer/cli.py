@@ -5,7 +5,7 @@ compose + strict key check -> typed config -> validate -> the job plan (rlx.plan
 checkpoints; all before Ray starts) -> `rlx.trainer.launch.run` (ray.init, trainer.fit()). `--cfg job|hydra|all` and
 `--help` answer as a Hydra app does; `--check` stops after the preflight and prints what would run.
 Exit codes: 0 done, 1 training stopped (a garbage reward, skipped steps, a damaged checkpoint), 2 the command line,
-config or inputs are wrong (nothing started), 130 Ctrl-C, 143 SIGTERM.
+config or inputs are wrong, or another run holds trainer.default_local_dir (nothing started), 130 Ctrl-C, 143 SIGTERM.
 """
 from __future__ import annotations
 
@@ -203,9 +203,7 @@ def _base_config_hint(args: CliArgs) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); returns the exit code."""
-    from rlx.config import load_config
-    from rlx.config.loader import OverrideParseError
-    from rlx.plan import make_plan
+    from rlx.trainer.launch import Terminated, sigterm_unwinds
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
@@ -216,49 +214,82 @@ def main(argv: list[str] | None = None) -> int:
     if args.help:
         print(usage())
         return 0
-    try:
-        if args.cfg:
-            try:
-                print_config(args)
-            except BrokenPipeError:  # `--cfg job | head`: the reader left; not an error
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    job = _Job(args)
+    with sigterm_unwinds():  # from here on SIGTERM ends the run as Ctrl-C does, whenever it comes
+        try:
+            return job.run()
+        except Terminated as e:
+            print(job.stop_line("SIGTERM", e), file=sys.stderr, flush=True)
+            return 143  # 128 + SIGTERM, what a shell reports for a process the signal ended
+        except KeyboardInterrupt as e:
+            print(job.stop_line("interrupted (Ctrl-C)", e), file=sys.stderr, flush=True)
+            return 130
+
+
+class _Job:
+    """One command line's job: config, plan, preflight, run; keeps the config for the line said when a signal ends
+    it."""
+
+    def __init__(self, args: CliArgs):
+        self.args, self.cfg = args, None
+
+    def stop_line(self, what: str, e: BaseException) -> str:
+        """The one line that ends a run stopped by SIGTERM or Ctrl-C, after the workers and Ray are stopped."""
+        from rlx.trainer.launch import last_checkpoint_note
+
+        step = getattr(e, "step", None)  # set by launch.run once the trainer exists
+        where = f"at step {step}: stopped the workers." if step is not None else "before training started."
+        return f"rlx: {what} {where} {last_checkpoint_note(self.cfg) if self.cfg is not None else ''}".rstrip()
+
+    def run(self) -> int:
+        from rlx.config import load_config
+        from rlx.config.loader import OverrideParseError
+        from rlx.plan import make_plan
+
+        args = self.args
+        try:
+            if args.cfg:
+                try:
+                    print_config(args)
+                except BrokenPipeError:  # `--cfg job | head`: the reader left; not an error
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
+            notes: list[str] = []
+            cfg = self.cfg = load_config(args.overrides, args.config_dir, args.config_name, notes=notes)
+            plan = make_plan(cfg)  # what the job runs (engines, roles, pools), resolved once
+        except OverrideParseError as e:
+            print(f"rlx: {e}", file=sys.stderr)
+            return 2
+        except ValueError as e:
+            print(f"rlx: config error\n{e}{_base_config_hint(args)}", file=sys.stderr)
+            return 2
+        from rlx.checkpoint import DamagedCheckpointError
+        from rlx.checkpoint_lock import CheckpointDirLocked
+        from rlx.trainer.launch import run
+        from rlx.trainer.ppo_trainer import TrainingStopped
+        from rlx.trainer.preflight import PreflightError, preflight
+
+        for note in notes + unused_section_notes(args.overrides, cfg, plan):  # said once, before Ray starts
+            print(note, file=sys.stderr, flush=True)
+        try:
+            inputs = preflight(cfg, plan)
+        except PreflightError as e:
+            print(f"rlx: {e}{_base_config_hint(args)}", file=sys.stderr)
+            return 2
+        if args.check:
+            from rlx.trainer.check import describe
+
+            print(describe(cfg, plan, inputs), flush=True)
             return 0
-        notes: list[str] = []
-        cfg = load_config(args.overrides, args.config_dir, args.config_name, notes=notes)
-        plan = make_plan(cfg)  # what the job runs (engines, roles, pools), resolved once
-    except OverrideParseError as e:
-        print(f"rlx: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"rlx: config error\n{e}{_base_config_hint(args)}", file=sys.stderr)
-        return 2
-    from rlx.checkpoint import DamagedCheckpointError
-    from rlx.trainer.launch import Terminated, run
-    from rlx.trainer.ppo_trainer import TrainingStopped
-    from rlx.trainer.preflight import PreflightError, preflight
-
-    for note in notes + unused_section_notes(args.overrides, cfg, plan):  # said once, before Ray starts
-        print(note, file=sys.stderr, flush=True)
-    try:
-        inputs = preflight(cfg, plan)
-    except PreflightError as e:
-        print(f"rlx: {e}{_base_config_hint(args)}", file=sys.stderr)
-        return 2
-    if args.check:
-        from rlx.trainer.check import describe
-
-        print(describe(cfg, plan, inputs), flush=True)
+        try:
+            run(cfg, plan, inputs)
+        except CheckpointDirLocked as e:
+            print(f"rlx: {e}", file=sys.stderr)
+            return 2
+        except (TrainingStopped, DamagedCheckpointError) as e:
+            print(f"rlx: training stopped: {e}", file=sys.stderr)
+            return 1
         return 0
-    try:
-        run(cfg, plan, inputs)
-    except (TrainingStopped, DamagedCheckpointError) as e:
-        print(f"rlx: training stopped: {e}", file=sys.stderr)
-        return 1
-    except Terminated:
-        return 143  # 128 + SIGTERM, what a shell reports for a process the signal ended
-    except KeyboardInterrupt:
-        return 130
-    return 0
 
 
 if __name__ == "__main__":

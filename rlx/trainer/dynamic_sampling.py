@@ -25,9 +25,12 @@ class NotEnoughGroups(RuntimeError):
 
 
 def metric_values(batch: Batch, extra: dict, metric: str) -> np.ndarray:
-    """Each response's value of `metric`: the summed token scores, or the score function's `extra[metric]`
-    (`acc` is the score itself when the function returns plain numbers, as in verl's reward loop)."""
-    if metric in SUMMED_SCORE_METRICS or (metric == "acc" and "acc" not in extra and not extra):
+    """Each response's value of `metric`: the summed token scores, or the score function's `extra[metric]` (a
+    function returning a dict: every key of it, `score` included, as the function gave it). A function returning
+    plain numbers has no dict: `acc` and `score` are then its score, as in verl's reward loop (here the summed token
+    scores, which also hold a DAPO overlong penalty when one is on)."""
+    plain = "score" not in extra  # the reward manager adds `score` whenever the function returned a dict
+    if metric in SUMMED_SCORE_METRICS or (metric in ("acc", "score") and metric not in extra and plain):
         return batch["token_level_scores"].sum(-1).double().cpu().numpy()
     if metric not in extra:
         raise ValueError(f"algorithm.filter_groups.metric={metric!r} is not among what the score function returned "

@@ -1,7 +1,8 @@
 """Launch a job on Ray: join or start Ray, train, and stop cleanly whatever ends the run (`run`).
 
-SIGTERM (what schedulers send) unwinds the driver like Ctrl-C (`Terminated`), so the workers and a Ray started here
-stop without a stack dump; `ray_init.timeline_json_file` gets Ray's task timeline at the end.
+SIGTERM (what schedulers send) unwinds the driver like Ctrl-C (`Terminated`) whenever it comes (the handler is the
+command's, taken back from Ray after `ray.init`), so the workers and a Ray started here stop without a stack dump;
+their cleanup is never cut short. `ray_init.timeline_json_file` gets Ray's task timeline at the end.
 """
 from __future__ import annotations
 
@@ -45,29 +46,70 @@ def init_ray(cfg: RLXConfig, plan: JobPlan) -> None:
 
 class Terminated(BaseException):
     """SIGTERM (what schedulers send) as an exception: the driver unwinds as on Ctrl-C, so the workers and the
-    Ray it started stop cleanly, with no stack dump."""
+    Ray it started stop cleanly, with no stack dump, and the run ends with exit 143 and one line."""
+
+    step: int | None = None
+    """The training step the run was at (None: before the trainer existed); `run` sets it."""
+
+
+class _Sigterm:
+    """The driver's SIGTERM state: unwinding (the handler raises `Terminated` where the driver is) or `deferred`
+    (during cleanup: the handler only records it, and `run` raises after the cleanup). One signal is enough: later
+    ones are ignored."""
+
+    received = False
+    deferred = False
+
+    @classmethod
+    def handler(cls, signum, frame):
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        cls.received = True
+        if not cls.deferred:
+            raise Terminated()
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 @contextmanager
 def sigterm_unwinds():
-    """While training, SIGTERM raises `Terminated` in the driver. Installed after `ray.init`, whose own handler
-    (`sys.exit` from wherever the driver is, often inside Ray's C++ calls) ends in an abort and a core dump."""
+    """While the command runs, SIGTERM raises `Terminated` in the driver. `ray.init` installs a handler of its own
+    (`sys.exit` from wherever the driver is, often inside Ray's C++ calls: an abort and a core dump), so `run` takes
+    SIGTERM back right after it (`reclaim_sigterm`)."""
     import signal
-    import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    if not _main_thread():
         yield
         return
-
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: the cleanup must not be cut short
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    _Sigterm.received = _Sigterm.deferred = False
+    previous = signal.signal(signal.SIGTERM, _Sigterm.handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def reclaim_sigterm() -> None:
+    """Take SIGTERM back from Ray's handler (after `ray.init`), or keep ignoring it once one was received."""
+    import signal
+
+    if _main_thread() and signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if _Sigterm.received else _Sigterm.handler)
+
+
+@contextmanager
+def cleanup_uninterrupted():
+    """Stopping the workers and Ray is never cut short by SIGTERM: it is recorded, and `run` raises after."""
+    _Sigterm.deferred = True
+    try:
+        yield
+    finally:
+        _Sigterm.deferred = False
 
 
 def write_timeline(cfg: RLXConfig) -> None:
@@ -81,7 +123,8 @@ def write_timeline(cfg: RLXConfig) -> None:
         log.info("ray timeline written to %s", path)
 
 
-def _last_checkpoint_note(cfg: RLXConfig) -> str:
+def last_checkpoint_note(cfg: RLXConfig) -> str:
+    """What is kept of the run in trainer.default_local_dir, for the line that ends a stopped run."""
     from rlx import checkpoint as ckpt
 
     root = os.path.abspath(cfg.trainer.default_local_dir)
@@ -93,40 +136,73 @@ def _last_checkpoint_note(cfg: RLXConfig) -> str:
 
 
 def run(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None):
-    """Check (preflight), start Ray (if needed), train the job `plan` describes (rlx.plan.make_plan(cfg)); returns
-    the trainer (its `history` holds the per-step metrics). Whatever ends the run, the workers and a Ray started here
-    are stopped."""
+    """Check (preflight), lock the checkpoint folder, start Ray (if needed), train the job `plan` describes
+    (rlx.plan.make_plan(cfg)); returns the trainer (its `history` holds the per-step metrics). Whatever ends the run,
+    the workers and a Ray started here are stopped and the lock is released."""
+    from rlx.trainer.preflight import preflight
+
+    inputs = inputs or preflight(cfg, plan)  # before Ray: a job that cannot run stops here
+    with run_lock(cfg):  # one run per checkpoint folder; a second stops here, before Ray
+        return _run_locked(cfg, plan, inputs)
+
+
+@contextmanager
+def run_lock(cfg: RLXConfig):
+    """The lock of `trainer.default_local_dir` (`rlx.checkpoint_lock`) while the run writes there (checkpoints,
+    file logs); `CheckpointDirLocked` when another run holds it."""
+    from rlx.checkpoint_lock import acquire
+    from rlx.config.validate import local_dir_writers
+
+    if not local_dir_writers(cfg):
+        yield None
+        return
+    lock = acquire(os.path.abspath(cfg.trainer.default_local_dir))
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
+    import signal
+
     import ray
 
     from rlx.trainer import console
     from rlx.trainer.ppo_trainer import RayPPOTrainer
-    from rlx.trainer.preflight import preflight
 
-    inputs = inputs or preflight(cfg, plan)  # before Ray: a job that cannot run stops here
     if plan.rollout.note:
         log.warning("rollout: %s", plan.rollout.note)
     log.info("rollout: %s", plan.rollout.engine)
     own_ray = not ray.is_initialized()
     console.drop_known_harmless_warnings()
-    init_ray(cfg, plan)
-    console.announce_worker_logs()
     trainer = None
     try:
-        with sigterm_unwinds():
-            trainer = RayPPOTrainer(cfg, plan, inputs)
-            try:
-                trainer.history = trainer.fit()
-            except (Terminated, KeyboardInterrupt) as e:
-                what = "SIGTERM" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
-                print(f"rlx: {what} at step {trainer.global_step}: stopping the workers. "
-                      f"{_last_checkpoint_note(cfg)}", file=sys.stderr, flush=True)
+        try:
+            init_ray(cfg, plan)
+        except SystemExit as e:  # Ray's own SIGTERM handler, while Ray started
+            if e.code != signal.SIGTERM:
                 raise
+            raise Terminated() from None
+        finally:
+            reclaim_sigterm()
+        console.announce_worker_logs()
+        trainer = RayPPOTrainer(cfg, plan, inputs)
+        trainer.history = trainer.fit()
+    except (Terminated, KeyboardInterrupt) as e:
+        e.step = trainer.global_step if trainer is not None else None
+        raise
     finally:
-        write_timeline(cfg)
-        if trainer is not None:
-            trainer.shutdown()
-        if own_ray:
-            ray.shutdown()
+        with cleanup_uninterrupted():
+            write_timeline(cfg)
+            if trainer is not None:
+                trainer.shutdown()
+            if own_ray:
+                ray.shutdown()
+    if _Sigterm.received:  # during the cleanup of a run that had finished
+        stopped = Terminated()
+        stopped.step = trainer.global_step
+        raise stopped
     if trainer.val_history:
         first, last = trainer.val_history[0], trainer.val_history[-1]
         for key in sorted(k for k in first if k.endswith("/reward/mean")):

@@ -16,8 +16,10 @@ seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
 - rollout: the vLLM a vLLM rollout will use is not older than the oldest supported release and was built for the
   installed torch (`rlx.workers.rollout.vllm_compat`);
 - checkpoints: `trainer.default_local_dir` is writable when something will be written there, and the checkpoint
-  to resume from exists, is complete, matches its checksums, and its extra state (`extra_rank*.pt`) loads with
-  `torch.load(weights_only=True)`: loading a checkpoint never runs code.
+  to resume from exists, is complete, matches its checksums, and every file resume reads loads as resume loads it
+  without running code (`rlx.checkpoint_safety.check_resume_files`: JSON, `torch.load(weights_only=True)`, DCP
+  metadata of DCP's types only); its models are the ones this run builds (`meta.json`'s record against the model
+  built on the meta device: class, layers, sizes, LoRA, parameter names and shapes).
 
 What the checks build on the way (tokenizer, datasets, reward function, the verified resume dir) is returned as
 `DriverInputs`, so the trainer loads nothing twice.
@@ -93,7 +95,7 @@ def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
     _check_lora_adapter(cfg, problems)
     _check_vllm(plan, problems)
     _check_writable(cfg, problems)
-    resume_dir = _check_resume(cfg, problems)
+    resume_dir = _check_resume(cfg, plan, problems)
     if problems:
         raise PreflightError(problems)
     return DriverInputs(tokenizer, train, val, score_fn, resume_dir)
@@ -316,7 +318,7 @@ def _check_writable(cfg: RLXConfig, problems: list[str]) -> None:
                         f"directory.")
 
 
-def _check_resume(cfg: RLXConfig, problems: list[str]) -> str | None:
+def _check_resume(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> str | None:
     import dataclasses
 
     from rlx import checkpoint as ckpt
@@ -329,9 +331,53 @@ def _check_resume(cfg: RLXConfig, problems: list[str]) -> str | None:
     except ValueError as e:
         problems.append(str(e))
         return None
-    unsafe = ckpt.check_extra_files(resume_dir) if resume_dir else []  # loaded as resume will: no code runs
+    if not resume_dir:
+        return None
+    from rlx.checkpoint_safety import check_resume_files
+
+    unsafe = check_resume_files(resume_dir)  # every file read as resume will read it: no code runs
     problems.extend(unsafe)
-    return None if unsafe else resume_dir
+    if unsafe:
+        return None
+    found = len(problems)
+    _check_resumed_models(cfg, plan, resume_dir, problems)
+    return None if len(problems) > found else resume_dir
+
+
+def _check_resumed_models(cfg: RLXConfig, plan: JobPlan, resume_dir: str, problems: list[str]) -> None:
+    """Each role's model in the checkpoint (its meta.json record) is the model this run builds: class, layers,
+    hidden and vocabulary sizes, LoRA, parameter names and shapes (built on the meta device: no weights read)."""
+    import json
+
+    from rlx.engine.architecture import differences, expected
+
+    roles = {"actor": (cfg.actor_rollout_ref.model, "actor_rollout_ref.model")}
+    if plan.roles.critic:
+        roles["critic"] = (cfg.critic.model, "critic.model")
+    for role, (model_cfg, key) in roles.items():
+        meta_path = os.path.join(resume_dir, role, "meta.json")
+        if not os.path.exists(meta_path):
+            problems.append(f"{resume_dir} holds no complete {role} ({meta_path} is missing), which this run "
+                            f"trains. Fix: resume from a checkpoint of this job (trainer.resume_from_path), or start "
+                            f"fresh (trainer.resume_mode=disable).")
+            continue
+        with open(meta_path) as f:
+            saved = json.load(f).get("model")
+        if saved is None:  # written by an rlx before the record: the load compares keys and shapes instead
+            log.info("%s has no model record (an earlier rlx): the %s model is checked at load", meta_path, role)
+            continue
+        try:
+            built = expected(model_cfg, role)
+        except Exception as e:  # noqa: BLE001 - the model path's own problem is reported by _check_model
+            log.warning("%s: the model could not be built on the meta device to compare with %s (%s: %s)", key,
+                        meta_path, type(e).__name__, _first_line(e))
+            continue
+        diffs = differences(saved, built)
+        if diffs:
+            problems.append(f"{meta_path}: the checkpoint's {role} is another model than the one {key} builds "
+                            f"({key}.path={model_cfg.path!r}): {'; '.join(diffs)}. Fix: resume with the model it "
+                            f"was saved from ({key}.path, override_config and LoRA keys as then), or start fresh "
+                            f"(trainer.resume_mode=disable, or another trainer.default_local_dir).")
 
 
 def _first_line(e: BaseException) -> str:

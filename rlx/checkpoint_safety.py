@@ -1,0 +1,278 @@
+"""Loading a checkpoint never runs code from it: the DCP reader and planner resume uses, and the driver's check of
+every file of the step to resume from (`check_resume_files`, before Ray starts).
+
+torch's own `FileSystemReader.read_metadata` unpickles `.metadata` with `pickle.load`, and `DefaultLoadPlanner`
+loads every byte item (the optimizer's `param_groups.*`) with `torch.load(weights_only=False)`: a pickle planted in
+either runs on every rank at resume. Here, through public DCP extension points only (a `FileSystemReader` subclass,
+a `DefaultLoadPlanner` subclass), so that it holds on every torch rlx supports (2.11 .. 2.13):
+
+- `.metadata` is unpickled by `_MetadataUnpickler`, which resolves only data types: the dataclasses and enums of
+  torch.distributed.checkpoint's own modules (checked by module prefix, so a class added or moved by a torch release
+  is still found), `torch.Size`, torch dtypes / layouts / memory formats, `pathlib` paths (DCP records the
+  checkpoint id) and a few containers. Any other global is refused by name: nothing is called.
+- byte items load with `torch.load(weights_only=True)` (`SafeLoadPlanner.load_bytes`).
+
+`check_resume_files(step)` reads every file resume reads the way resume reads it: `driver_state.json` and each
+role's `meta.json` (JSON), `extra_rank*.pt` (`torch.load(weights_only=True)`), the `.metadata` and every byte item of
+`model/` and `optim/` (as above); tensor items are left alone (DCP always loads them with `weights_only=True`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import io
+import os
+import pathlib
+import pickle
+
+import torch
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
+
+from rlx.checkpoint import UnsafeCheckpointError
+
+METADATA = ".metadata"
+_DCP_PREFIX = "torch.distributed.checkpoint"
+_CONTAINERS = {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset")}
+
+
+def _allowed_global(module: str, name: str):
+    """The object `module.name` if a DCP metadata pickle may use it (data types only), else None."""
+    if "." in name or name.startswith("__"):
+        return None
+    if module == _DCP_PREFIX or module.startswith(_DCP_PREFIX + "."):
+        try:
+            obj = getattr(importlib.import_module(module), name, None)  # torch's own modules only
+        except ImportError:
+            return None
+        if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
+            return obj  # constructing one assigns fields; none of DCP's defines __post_init__
+        return None
+    if module == "torch":
+        obj = getattr(torch, name, None)
+        if obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+            return obj
+        return None
+    if module == "torch.serialization" and name == "_get_layout":  # how a torch.layout pickles: a name lookup
+        return torch.serialization._get_layout
+    if module == "pathlib" or module.startswith("pathlib."):  # StorageMeta.checkpoint_id
+        obj = getattr(pathlib, name, None)
+        return obj if isinstance(obj, type) and issubclass(obj, pathlib.PurePath) else None
+    if (module, name) in _CONTAINERS:
+        return getattr(importlib.import_module(module), name)
+    return None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        obj = _allowed_global(module, name)
+        if obj is None:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not a DCP metadata type")
+        return obj
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("persistent ids are not DCP metadata")
+
+
+def _refusal(path: str, what: str) -> UnsafeCheckpointError:
+    return UnsafeCheckpointError(
+        f"{path} holds {what}, which would run code when loaded; rlx loads DCP checkpoints with an unpickler that "
+        f"takes DCP's metadata types only and byte items with torch.load(weights_only=True), and refuses it. Nothing "
+        f"was loaded or trained. Fix: resume from a checkpoint rlx wrote (trainer.resume_from_path=<an earlier "
+        f"global_step_N dir>), or start fresh (trainer.resume_mode=disable)")
+
+
+def load_metadata(path: str) -> Metadata:
+    """Unpickle a DCP `.metadata` file allowing DCP's metadata types only; `UnsafeCheckpointError` naming the file
+    for anything else, `DamagedCheckpointError` for a file that is not a metadata pickle at all."""
+    from rlx.checkpoint import DamagedCheckpointError
+
+    try:
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except pickle.UnpicklingError as e:
+        if "is not a DCP metadata type" in str(e) or "persistent ids" in str(e):
+            raise _refusal(path, f"a pickled object outside DCP's metadata ({e})") from None
+        raise DamagedCheckpointError(f"{path} is unreadable (UnpicklingError: {e}); resume from an earlier "
+                                     f"global_step_N dir (trainer.resume_from_path)") from None
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - EOFError, a truncated or garbled file
+        raise DamagedCheckpointError(f"{path} is unreadable ({type(e).__name__}: {e}); resume from an earlier "
+                                     f"global_step_N dir (trainer.resume_from_path)") from None
+    if not isinstance(metadata, Metadata):
+        raise DamagedCheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP metadata; resume from an "
+                                     f"earlier global_step_N dir (trainer.resume_from_path)")
+    return metadata
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """`FileSystemReader` whose metadata is unpickled with DCP's metadata types only (`load_metadata`)."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        rank = kwargs.get("rank")
+        name = METADATA if rank is None else f"__{rank}{METADATA}"
+        metadata = load_metadata(os.path.join(os.fspath(self.path), name))
+        if getattr(metadata, "storage_meta", None) is None:  # as FileSystemReader.read_metadata does
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """`DefaultLoadPlanner` whose byte items load with `torch.load(weights_only=True)`; it also records the keys it
+    was asked to load (`planned`), so that the caller can tell saved keys nothing consumed."""
+
+    def __init__(self, checkpoint_dir: str, **kwargs):
+        super().__init__(**kwargs)
+        self.checkpoint_dir = checkpoint_dir
+        self.planned: set[str] = set()
+
+    def create_local_plan(self):
+        plan = super().create_local_plan()
+        self.planned = {item.dest_index.fqn for item in plan.items}
+        return plan
+
+    def _file_of(self, read_item) -> str:
+        storage = getattr(getattr(self, "metadata", None), "storage_data", None) or {}
+        info = storage.get(read_item.storage_index)
+        rel = getattr(info, "relative_path", None)
+        return os.path.join(self.checkpoint_dir, rel) if rel else self.checkpoint_dir
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            obj = torch.load(value, weights_only=True, map_location="cpu")
+        except pickle.UnpicklingError as e:
+            raise _refusal(f"{self._file_of(read_item)} (item {read_item.dest_index.fqn})",
+                           f"a pickled object ({str(e).splitlines()[0] if str(e) else 'UnpicklingError'})") from None
+        # what weights_only produced (tensors, containers, numbers, strings) pickles back to the same plain types:
+        # the parent's torch.load(weights_only=False) of it runs nothing, and keeps DCP's own placement logic
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        buf.seek(0)
+        super().load_bytes(read_item, buf)
+
+
+def unwrap_checkpoint_error(e: BaseException) -> BaseException:
+    """What a rank raised inside `dcp.load` (which wraps per-rank failures in a `CheckpointException`, a
+    BaseException): the first `UnsafeCheckpointError` among them, else the first failure, else `e` itself."""
+    inner = [f[0] if isinstance(f, tuple) else f for f in (getattr(e, "failures", None) or {}).values()]
+    return next((x for x in inner if isinstance(x, UnsafeCheckpointError)), inner[0] if inner else e)
+
+
+def _check_fits(state: dict, metadata: Metadata, directory: str, fix: str) -> None:
+    """A flat state dict (a model's: name -> tensor) must be the saved one: the same keys, the same (global) shapes."""
+    saved = {k: tuple(getattr(md, "size", None) or ()) for k, md in metadata.state_dict_metadata.items()}
+    have = {k: tuple(v.size()) if callable(getattr(v, "size", None)) else () for k, v in state.items()}  # global
+    extra, missing = sorted(set(saved) - set(have)), sorted(set(have) - set(saved))
+    shapes = [f"{k} saved {list(saved[k])}, here {list(have[k])}" for k in sorted(set(saved) & set(have))
+              if saved[k] != have[k]]
+    if extra or missing or shapes:
+        parts = ([f"{len(extra)} saved keys the model does not have (e.g. {extra[:3]})"] if extra else []) + \
+                ([f"{len(missing)} model keys not in the checkpoint (e.g. {missing[:3]})"] if missing else []) + \
+                ([f"{len(shapes)} shapes differ (e.g. {shapes[:3]})"] if shapes else [])
+        raise ValueError(f"{directory} was saved from another model: {'; '.join(parts)}. Fix: {fix}")
+
+
+def _check_consumed(planner: SafeLoadPlanner, metadata: Metadata, directory: str, fix: str) -> None:
+    """Every saved key was loaded by some rank (a partial load may skip keys per rank, not overall)."""
+    import torch.distributed as dist
+
+    planned = planner.planned
+    if dist.is_available() and dist.is_initialized():
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, planned)
+        planned = set().union(*every)
+    left = sorted(set(metadata.state_dict_metadata) - planned)
+    if left:
+        raise ValueError(f"{directory}: {len(left)} saved keys fit nothing being loaded (e.g. {left[:3]}): it was "
+                         f"saved from another model or optimizer. Fix: {fix}")
+
+
+def load_whole(state: dict, directory: str, fix: str, partial: bool = False) -> None:
+    """`dcp.load(state)` from `directory` through the safe reader and planner, and only whole: a model's flat state
+    dict must equal the saved keys and shapes (checked before anything is read); with `partial` (an optimizer's,
+    where a rank may hold no state for some parameters) every saved key must be loaded by some rank. Collective.
+    `fix`: what the error tells the user to do."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = load_metadata(os.path.join(directory, METADATA))
+    if not partial:
+        _check_fits(state, metadata, directory, fix)
+    planner = SafeLoadPlanner(directory, allow_partial_load=partial)
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(directory), planner=planner)
+    except CheckpointException as e:  # a BaseException: each rank's failure comes back wrapped
+        inner = unwrap_checkpoint_error(e)
+        if isinstance(inner, ValueError):  # a refusal of ours (or a bad value): said as it was raised
+            raise inner from None
+        raise
+    if partial:
+        _check_consumed(planner, metadata, directory, fix)
+
+
+def check_dcp_dir(path: str) -> list[str]:
+    """Read the DCP checkpoint at `path` as resume will (its metadata, then every byte item); [] when nothing in it
+    would run code or fail to load, else the problems, each naming the file."""
+    import torch.distributed.checkpoint as dcp
+
+    from rlx.checkpoint import DamagedCheckpointError
+
+    reader = SafeFileSystemReader(path)
+    try:
+        metadata = reader.read_metadata()
+    except (UnsafeCheckpointError, DamagedCheckpointError) as e:
+        return [str(e)]
+    except OSError as e:
+        return [f"{os.path.join(path, METADATA)}: missing or unreadable ({e.strerror or e})"]
+    byte_keys = [k for k, md in metadata.state_dict_metadata.items() if isinstance(md, BytesStorageMetadata)]
+    if not byte_keys:
+        return []
+    try:
+        dcp.load({k: None for k in byte_keys}, storage_reader=SafeFileSystemReader(path),
+                 planner=SafeLoadPlanner(path, flatten_state_dict=False), no_dist=True)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - a refusal or a damaged item: not resumable
+        e = unwrap_checkpoint_error(e)
+        if isinstance(e, UnsafeCheckpointError):
+            return [str(e)]
+        return [f"{path}: a byte item does not load ({type(e).__name__}: {str(e).strip().splitlines()[0]})"]
+    return []
+
+
+def _check_meta_json(path: str) -> list[str]:
+    import json
+
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        return [f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}): not the "
+                f"JSON record rlx writes; resume from an earlier global_step_N dir (trainer.resume_from_path)"]
+    if not isinstance(meta, dict) or not isinstance(meta.get("contents"), list):
+        return [f"{path} is not the record rlx writes (no list of contents); resume from an earlier global_step_N "
+                f"dir (trainer.resume_from_path)"]
+    return []
+
+
+def check_resume_files(step: str) -> list[str]:
+    """The problems of every file of a step dir that resume reads, each read as resume reads it (nothing in them
+    runs); [] when all load. The driver calls this before any worker starts."""
+    from rlx import checkpoint as ckpt
+
+    problems = []
+    try:
+        ckpt.load_driver_state(step)
+    except ValueError as e:
+        problems.append(str(e))
+    for role in sorted(os.listdir(step)):
+        role_dir = os.path.join(step, role)
+        if not os.path.isdir(role_dir):
+            continue
+        if os.path.exists(os.path.join(role_dir, "meta.json")):
+            problems += _check_meta_json(os.path.join(role_dir, "meta.json"))
+        for part in ("model", "optim"):
+            if os.path.isdir(os.path.join(role_dir, part)):
+                problems += check_dcp_dir(os.path.join(role_dir, part))
+    return problems + ckpt.check_extra_files(step)
