@@ -19,6 +19,15 @@ import re
 import sys
 
 INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
+ONE_SHOT = ("Example:\nQuestion: Tom has 3 boxes with 4 apples each. He eats 2 apples. How many apples are left?\n"
+            "Answer: 3 * 4 = 12 apples. 12 - 2 = 10 apples are left.\n#### 10\n\nQuestion: ")
+PROMPT_STYLES = {
+    "verl": lambda q: f"{q} {INSTRUCTION}",  # verl's examples/data_preprocess/gsm8k.py
+    "short": lambda q: f"{q} Think step by step, then give the final answer as a number after \"####\".",
+    "oneshot": lambda q: f"{ONE_SHOT}{q}\nEnd with the final answer as a number after \"####\".",
+}
+"""--prompt-style: how the question becomes the user message (verl's by default; docs/real_model.md compares them
+on SmolLM2-135M-Instruct)."""
 DATA_SOURCE = "openai/gsm8k"
 TOOL_NAME = "calc_gsm8k_reward"
 TOOL_SYSTEM = ("Solve the math problem step by step. When you have an answer, submit it with the "
@@ -33,14 +42,17 @@ def extract_answer(answer: str) -> str:
     return match.group(1).replace(",", "").strip()
 
 
-def convert_rows(records: list[dict], split: str, multi_turn: bool = False) -> list[dict]:
+def convert_rows(records: list[dict], split: str, multi_turn: bool = False, prompt_style: str = "verl") -> list[dict]:
+    if prompt_style not in PROMPT_STYLES:
+        raise ValueError(f"--prompt-style {prompt_style!r} is unknown. Fix: use one of {sorted(PROMPT_STYLES)}.")
+    render = PROMPT_STYLES[prompt_style]
     rows = []
     for idx, rec in enumerate(records):
         question, answer = rec["question"], rec["answer"]
         truth = extract_answer(answer)
         row = {
             "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+            "prompt": [{"role": "user", "content": render(question)}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": truth},
             "extra_info": {"split": split, "index": idx, "answer": answer, "question": question},
@@ -65,6 +77,8 @@ def main(argv=None) -> int:
     parser.add_argument("--output_dir", "--local_dir", required=True, help="where to write the parquet files")
     parser.add_argument("--multi-turn", "--multi_turn", action="store_true",
                         help="verl's tool-agent rows (agent_name, extra_info.tools_kwargs) for the GSM8K tool recipe")
+    parser.add_argument("--prompt-style", "--prompt_style", default="verl", choices=sorted(PROMPT_STYLES),
+                        help="how the question is asked (default: verl's instruction)")
     args = parser.parse_args(argv)
 
     import pyarrow as pa
@@ -77,7 +91,7 @@ def main(argv=None) -> int:
         if not os.path.exists(src):
             print(f"[prepare_gsm8k] {src} not found; skipping the {split} split", file=sys.stderr)
             continue
-        rows = convert_rows(read_jsonl(src), split, multi_turn=args.multi_turn)
+        rows = convert_rows(read_jsonl(src), split, multi_turn=args.multi_turn, prompt_style=args.prompt_style)
         os.makedirs(output_dir, exist_ok=True)
         dst = os.path.join(output_dir, f"{split}.parquet")
         pq.write_table(pa.Table.from_pylist(rows), dst)

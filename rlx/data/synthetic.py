@@ -23,6 +23,13 @@ the last digit of the prompt (``"9"``). Reward = mean over the first ``k`` (defa
 of ``0.5 * is_digit + 0.5 * is_target``; missing characters (a response ended early by EOS) count 0, so
 stopping early is not a shortcut. Random policy ~0.02; "all digits" 0.5 + 0.05; solved 1.0.
 
+``synthetic/arith`` (for a pretrained instruct model, e.g. builtin://smollm2-135m-instruct). Prompt: a chat message
+asking for one sum of two numbers of 2-3 digits or one product of a 2-digit and a 1-digit number, e.g. ``"What is
+347 + 58?"``, with the instruction to end with ``#### <answer>`` (ARITH_INSTRUCTION). Reward: the GSM8K rule
+(rlx.data.rewards.gsm8k, strict): 1 for the right number after ``#### ``, else 0. Train and held-out rows differ by
+seed (use another seed for validation); the problem space is ~980k sums and ~720 products, so a held-out set of a
+few hundred rarely meets a training problem, and never one of another seed's order.
+
 ``synthetic/copy`` (harder, for longer runs). Prompt: 3-5 random digits then ``" ->"``; target = the digits
 without spaces (``"729"``). Reward = mean over the target's positions of ``1.0`` for the right digit,
 ``0.25`` for a wrong digit, 0 otherwise. Random policy ~0.01.
@@ -36,6 +43,9 @@ import numpy as np
 SYNTHETIC_PREFIX = "synthetic://"
 DIGITS_SOURCE = "synthetic/digits"
 COPY_SOURCE = "synthetic/copy"
+ARITH_SOURCE = "synthetic/arith"
+ARITH_INSTRUCTION = "Think step by step, then give the final answer as a number after \"####\"."
+"""The instruction after each arithmetic question (GSM8K's verl instruction, shortened for a small model)."""
 _DIGITS = "0123456789"
 
 
@@ -64,7 +74,18 @@ def _gen_copy(rng, i, split, k):
     return _row(COPY_SOURCE, " ".join(digits) + " ->", "".join(digits), split, i, k)
 
 
-TASKS = {"digits": _gen_digits, "copy": _gen_copy}
+def _gen_arith(rng, i, split, k):
+    if rng.random() < 0.5:
+        a, b = int(rng.integers(10, 1000)), int(rng.integers(10, 1000))
+        question, answer = f"What is {a} + {b}?", a + b
+    else:
+        a, b = int(rng.integers(10, 100)), int(rng.integers(2, 10))
+        question, answer = f"What is {a} * {b}?", a * b
+    return _row(ARITH_SOURCE, f"{question} {ARITH_INSTRUCTION}", str(answer), split, i, k)
+
+
+TASKS = {"digits": _gen_digits, "copy": _gen_copy, "arith": _gen_arith}
+_STREAM = {"copy": 0, "digits": 1, "arith": 2}  # each task's random stream (fixed: new tasks never move old rows)
 _PARAMS = {"size": 1024, "seed": 0, "split": "train", "k": 8}
 
 
@@ -102,7 +123,7 @@ def parse_synthetic(path: str) -> tuple[str, dict]:
 def generate_rows(path: str) -> list[dict]:
     """Rows (verl format) of a ``synthetic://`` source; the same path always yields the same rows."""
     task, p = parse_synthetic(path)
-    rng = np.random.default_rng([p["seed"], sorted(TASKS).index(task)])
+    rng = np.random.default_rng([p["seed"], _STREAM[task]])
     return [TASKS[task](rng, i, p["split"], p["k"]) for i in range(p["size"])]
 
 
@@ -122,4 +143,11 @@ def copy_score(solution_str: str, ground_truth: str, extra_info: dict | None = N
     return sum(1.0 if c == t else (0.25 if c in _DIGITS else 0.0) for c, t in zip(head, target)) / len(target)
 
 
-REWARDS = {DIGITS_SOURCE: digits_score, COPY_SOURCE: copy_score}
+def arith_score(solution_str: str, ground_truth: str, extra_info: dict | None = None, **kwargs) -> float:
+    """GSM8K's rule (strict: the number after ``#### ``), as verl scores GSM8K."""
+    from rlx.data.rewards.gsm8k import compute_score
+
+    return compute_score(solution_str, str(ground_truth), **kwargs)
+
+
+REWARDS = {DIGITS_SOURCE: digits_score, COPY_SOURCE: copy_score, ARITH_SOURCE: arith_score}
