@@ -4,15 +4,15 @@ and entropy per step, one line per run.
 
     python scripts/plot_metrics.py <run>/logs/metrics.jsonl[=label[=<run>/val]] [more ...] --out plot.png
 
-With a run's trainer.validation_data_dir after its label, the validation panel shows the strict accuracy (solid) and
+With a run's trainer.validation_data_dir (or its `val_summary.py --json` file) after its label, the validation panel shows the strict accuracy (solid) and
 the format compliance (dashed) read from the dumped samples (scripts/val_summary.py) instead of the logged
 validation reward (which includes any format_score).
 """
-import os
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 PANELS = [("training reward (mean score)", lambda m: m.get("critic/score/mean")),
@@ -47,7 +47,10 @@ def main(argv=None) -> int:
                 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
                 from val_summary import summarise
 
-                rows = summarise(val_dir)
+                if val_dir.endswith(".json"):  # val_summary.py --json of one run
+                    rows = next(iter(json.load(open(val_dir)).values()))
+                else:
+                    rows = summarise(val_dir)
                 line, = ax.plot([r["step"] for r in rows], [r["strict"] for r in rows], marker="o", ms=3,
                                 label=f"{label or path} accuracy")
                 ax.plot([r["step"] for r in rows], [r["format"] for r in rows], ls="--", color=line.get_color(),

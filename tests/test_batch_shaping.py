@@ -90,6 +90,31 @@ def test_packed_inputs_restart_positions_and_score_response_tokens():
     assert torch.equal(b["input_ids"].reshape(-1)[padded["index"]], flat[kw["index"]])
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_packed_rows_equal_padded_rows(model_type):
+    """Remove padding on a decoder that builds one mask (Llama) and one that takes a per-layer-type mapping
+    (Qwen2): the packed row's log-probs and entropy equal the padded rows' (rlx's per-sequence SDPA)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlx.engine.attention import packed_attn_implementation
+    from rlx.engine.heads import apply_token_head
+
+    b = make_batch(rows=4)
+    outs = []
+    for packed in (True, False):
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(model_type, vocab_size=256, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        cfg._attn_implementation = packed_attn_implementation("cpu") if packed else "sdpa"
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+        apply_token_head(model, "actor", chunk_size=None)
+        with torch.no_grad():
+            outs.append(model(**token_inputs(b, torch.device("cpu"), remove_padding=packed).kwargs,
+                              with_entropy=True))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
+
+
 # ---- engines on two ranks ---------------------------------------------------------------------------------------
 def _full_grads(module) -> dict:
     out = {}

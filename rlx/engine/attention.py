@@ -35,12 +35,22 @@ def _packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     return out.transpose(1, 2).contiguous(), None
 
 
+def _packed_mask(*args, attention_mask=None, **kwargs):
+    """transformers mask interface: no mask without a padding mask (a packed row: `_packed_sdpa` is causal per
+    sequence; no [L, L] block mask is built from the restarting positions), else SDPA's mask."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
 def register_packed_attention() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(PACKED_SDPA, _packed_sdpa)
-    AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
+    AttentionMaskInterface.register(PACKED_SDPA, _packed_mask)
 
 
 def packed_attn_implementation(device_type: str) -> str:

@@ -24,10 +24,14 @@ import torch
 from torch import nn
 
 
-def _mask_mapping(model: nn.Module) -> dict:
-    """Per-layer-type masks of None: a packed row needs no mask tensor (the attention reads cu_seq_lens)."""
-    types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
-    return {t: None for t in types | {"full_attention"}}
+def _mask_mapping(model: nn.Module) -> dict | None:
+    """The mask of a packed row, which needs no mask tensor (the attention reads cu_seq_lens): per-layer-type
+    masks of None for a model whose config has `layer_types` (Qwen2-style decoders take that mapping); None for
+    one that builds its single mask itself (Llama: `rlx.engine.attention` makes that mask None too)."""
+    types = getattr(model.config, "layer_types", None)
+    if not types:
+        return None
+    return {t: None for t in set(types) | {"full_attention"}}
 
 
 def fused_head_backend(model_cfg, device: torch.device) -> str:
