@@ -9,7 +9,6 @@ have unequal lengths, one of them shorter than sp tokens. Also: per-rank saved a
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -141,7 +140,6 @@ def _exactness_worker(rank, world, port, strategy, sps, cases, device_type="cpu"
 
 
 def _spawn(fn, world, *args):
-    os.environ.setdefault("RLX_CACHE", os.path.expanduser("~/.cache/rlx"))
     from rlx.models import resolve_model_path
 
     resolve_model_path("builtin://tiny-qwen2")  # materialise once, before the ranks race for it
