@@ -64,10 +64,11 @@ GROUPS = {
     5: Group("scripts/run_grpo_genrm.sh, 3 steps, 0.5B policy + 1.5B judge", 1, ("hydra", "ray", "vllm", "gsm8k"), {
         "tests/test_reward_judge_gpu.py::test_genrm_recipe_on_one_gpu": 300,
     }),
-    6: Group("two GPUs: PPO + critic over 2 ranks (HF rollout), Ulysses SP=2 equals SP=1 over NCCL", 2,
-             ("hydra", "ray"), {
+    6: Group("two GPUs: PPO + critic over 2 ranks (HF rollout); Ulysses SP=2 equals SP=1 over NCCL (fp32, exact) "
+             "and at bf16 noise", 2, ("hydra", "ray"), {
         "tests/test_gpu_ray.py::test_ppo_critic_two_gpus": 60,
         "tests/test_ulysses.py::test_sp2_matches_sp1_on_two_gpus": 120,
+        "tests/test_ulysses.py::test_sp2_logprobs_match_sp1_at_bf16_noise_on_two_gpus": 45,
     }),
 }
 BUDGET_S = 540
