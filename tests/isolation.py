@@ -55,7 +55,7 @@ WRITERS: dict[str, str] = {}
 """Variable -> the file whose code last set or removed it in os.environ (since tests/conftest.py was imported)."""
 ROOTS = {REPO}
 """Where this repository's code lives (and the rootdir of the pytest run): writes from files under these count."""
-_PASS_THROUGH = ("os", "_collections_abc", __name__)  # os.environ.setdefault/update/pop/clear, and this module
+_PASS_THROUGH = ("os", "_collections_abc", "collections.abc", __name__)  # os.environ.setdefault/update/pop/clear
 
 
 def _writer() -> str:

@@ -10,7 +10,8 @@ from conftest import REPO
 
 def test_writes_are_attributed_to_the_file_that_made_them(tmp_path, monkeypatch):
     lib = tmp_path / "some_library.py"
-    lib.write_text("import os\n\ndef configure():\n    os.environ.setdefault('RLX_TEST_LIBRARY_KEY', '1')\n")
+    lib.write_text("import os\n\ndef configure():\n    os.environ.setdefault('RLX_TEST_LIBRARY_KEY', '1')\n"
+                   "    os.environ.update({'RLX_TEST_LIBRARY_KEY2': '1'})\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import some_library
 
@@ -19,13 +20,13 @@ def test_writes_are_attributed_to_the_file_that_made_them(tmp_path, monkeypatch)
         some_library.configure()
         os.environ["RLX_TEST_OWN_KEY"] = "1"
         assert isolation.WRITERS["RLX_TEST_OWN_KEY"] == __file__
-        assert isolation.WRITERS["RLX_TEST_LIBRARY_KEY"] == str(lib)
+        assert isolation.WRITERS["RLX_TEST_LIBRARY_KEY"] == isolation.WRITERS["RLX_TEST_LIBRARY_KEY2"] == str(lib)
         changed = isolation.restore_env(before)
         assert changed == [f"+RLX_TEST_OWN_KEY (by {os.path.relpath(__file__, REPO)})"]
         assert "RLX_TEST_OWN_KEY" not in os.environ and os.environ["RLX_TEST_LIBRARY_KEY"] == "1"
     finally:
-        os.environ.pop("RLX_TEST_OWN_KEY", None)
-        os.environ.pop("RLX_TEST_LIBRARY_KEY", None)
+        for k in ("RLX_TEST_OWN_KEY", "RLX_TEST_LIBRARY_KEY", "RLX_TEST_LIBRARY_KEY2"):
+            os.environ.pop(k, None)
 
 
 LEAKY = '''
