@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """One row per job from the metrics its run logged (trainer.logger=[console,file]): validation reward at the first
 and the last validation, training steps, median seconds per step / generation / actor update, the largest GPU
-memory a worker allocated, the activations offloaded per update, and the job's exit code when given.
+memory a worker allocated, the actor's activations offloaded per micro-batch, and the job's exit code when given.
 
     python scripts/jobs_table.py NAME=<default_local_dir>[:EXIT_CODE] ...
 
@@ -35,13 +35,13 @@ def row(name: str, records: list[dict], rc: str) -> list[str]:
         xs = [r[k] for r in steps if k in r]
         return f"{statistics.median(xs):.2f}" if xs else "-"
 
-    def largest(k, fmt=".2f"):
-        xs = [r[k] for r in steps if k in r]
-        return format(max(xs), fmt) if xs else "-"
+    def largest(k, scale=1.0):
+        xs = [r[k] * scale for r in steps if k in r]
+        return f"{max(xs):.2f}" if xs else "-"
 
     return [name, reward, str(len(steps)), median("timing_s/step"), median("timing_s/gen"),
             median("timing_s/update_actor"), largest("perf/max_memory_allocated_gb"),
-            largest("perf/update_actor/offloaded_activation_gb", ".3f"), rc or "-"]
+            largest("perf/update_actor/offloaded_activation_gb", 1024.0), rc or "-"]
 
 
 def main(argv: list[str]) -> int:
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     header = ["job", "val reward first -> last", "steps", "step s", "gen s", "update s", "peak GiB",
-              "offloaded GiB", "exit"]
+              "offloaded MiB", "exit"]
     rows = []
     for arg in argv:
         name, _, rest = arg.partition("=")
