@@ -18,7 +18,8 @@
 #    limited to this cluster: `ray stop` would also stop any other Ray of the machine).
 #
 # Needs Ray, rlx's dependencies and (on GPUs) vLLM importable by $PYTHON (default python3); `ray` is run as
-# `$PYTHON -m ray.scripts.scripts`. STEPS (default 10) training steps.
+# `$PYTHON -m ray.scripts.scripts`. STEPS (default 10) training steps; JOB_API=0 takes the direct-driver path even
+# where the job API answers.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -79,7 +80,12 @@ start_node "$TMP/head.log" 0 --head "--port=$GCS" --dashboard-host=127.0.0.1 "--
   "--temp-dir=$TMP"
 mkdir -p "$TMP/n1"  # a temp dir of its own: the job's working dir is unpacked per node
 start_node "$TMP/node1.log" 1 "--address=127.0.0.1:$GCS" "--dashboard-agent-listen-port=$AGENT2" "--temp-dir=$TMP/n1"
-"${RAY[@]}" status "--address=127.0.0.1:$GCS" 2>&1 | grep -E "node_|GPU|CPU" | head -n 8
+for _ in $(seq 30); do  # the cluster's view catches up with the second node within seconds
+  "${RAY[@]}" status "--address=127.0.0.1:$GCS" > "$TMP/status_nodes.log" 2>&1
+  [ "$(grep -c " node_" "$TMP/status_nodes.log")" -ge 2 ] && break
+  sleep 1
+done
+grep -E " node_|GPU|CPU" "$TMP/status_nodes.log" | head -n 8
 
 JOB=(--config-name quickstart trainer.nnodes=2 trainer.n_gpus_per_node=1 "trainer.total_training_steps=$STEPS"
      trainer.test_freq=5 trainer.save_freq=-1 "trainer.logger=[console,file]" "trainer.default_local_dir=$TMP/out")
@@ -93,7 +99,7 @@ fi
 
 # the job API answers once the dashboard is up (not at all without ray[default]'s packages)
 api=0
-for _ in $(seq 60); do
+[ "${JOB_API:-1}" = 0 ] || for _ in $(seq 60); do
   if "$PYTHON" - "$DASH" <<'EOF' 2>/dev/null; then api=1; break; fi
 import os, sys, urllib.request
 req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/api/version",
@@ -124,7 +130,7 @@ EOF
   status="$(grep -oE "Job '[^']+' (succeeded|failed|stopped)" "$TMP/status.log" | tail -n 1)"
   how="ray job submit"
 else
-  echo "=== no job API (the dashboard's packages are missing): the driver joins the cluster with ray_init.address"
+  echo "=== no job API (JOB_API=0, or the dashboard's packages are missing): the driver joins with ray_init.address"
   NCCL_DEBUG=VERSION timeout 480 "$PYTHON" -m rlx.trainer.main_ppo "${JOB[@]}" "ray_init.address=127.0.0.1:$GCS" \
     > "$TMP/job.log" 2>&1
   rc=$?
