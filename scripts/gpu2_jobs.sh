@@ -35,7 +35,8 @@ COMMON=(--config-name quickstart "trainer.device=$DEVICE" trainer.n_gpus_per_nod
 # batch size: a tiny model's activations are small, so offload all of them (min_tensor_bytes=0, keep_last_layers=0)
 ACTOR_SHAPING=("$A.model.enable_gradient_checkpointing=True" "$A.model.enable_activation_offload=True"
                "$A.model.activation_offload.min_tensor_bytes=0" "$A.model.activation_offload.keep_last_layers=0"
-               "$A.model.use_remove_padding=True" "$A.actor.use_dynamic_bsz=True" "$A.actor.ppo_max_token_len_per_gpu=256"
+               "$A.model.use_remove_padding=True" "$A.actor.use_dynamic_bsz=True"
+               "$A.actor.ppo_max_token_len_per_gpu=256"
                "$A.rollout.log_prob_use_dynamic_bsz=True" "$A.rollout.log_prob_max_token_len_per_gpu=512"
                "$A.actor.fsdp_config.param_offload=True" "$A.actor.fsdp_config.optimizer_offload=True")
 CRITIC_SHAPING=(algorithm.adv_estimator=gae critic.strategy=fsdp2 critic.model.enable_gradient_checkpointing=True
@@ -64,7 +65,8 @@ rl() {
   if [ "$DEVICE" = cuda ]; then  # TP > 1 needs GPUs
     job b_grpo_fsdp2_2gpu_vllm_tp2 20 "${ACTOR_SHAPING[@]}" "$A.rollout.tensor_model_parallel_size=2"
   fi
-  job c_ppo_critic_2gpu_vllm_tp1 30 "${ACTOR_SHAPING[@]}" "${CRITIC_SHAPING[@]}" "$A.rollout.tensor_model_parallel_size=1"
+  job c_ppo_critic_2gpu_vllm_tp1 30 "${ACTOR_SHAPING[@]}" "${CRITIC_SHAPING[@]}" \
+    "$A.rollout.tensor_model_parallel_size=1"
   echo
   echo "### two-GPU jobs ($DEVICE): the quickstart job (tiny Qwen2, synthetic digits), GRPO n=4 unless named"
   "$PYTHON" scripts/jobs_table.py "${TABLE[@]}"

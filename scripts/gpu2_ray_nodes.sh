@@ -124,7 +124,8 @@ EOF
 )"
   id="rlx-two-nodes-$$"
   "${RAY[@]}" job submit "--address=http://127.0.0.1:$DASH" "--submission-id=$id" --working-dir=. \
-    "--runtime-env-json=$RUNTIME_ENV" --no-wait -- "$PYTHON" -m rlx.trainer.main_ppo "${JOB[@]}" > "$TMP/submit.log" 2>&1
+    "--runtime-env-json=$RUNTIME_ENV" --no-wait -- "$PYTHON" -m rlx.trainer.main_ppo "${JOB[@]}" \
+    > "$TMP/submit.log" 2>&1
   timeout 480 "${RAY[@]}" job logs "--address=http://127.0.0.1:$DASH" --follow "$id" > "$TMP/job.log" 2>&1
   "${RAY[@]}" job status "--address=http://127.0.0.1:$DASH" "$id" > "$TMP/status.log" 2>&1
   status="$(grep -oE "Job '[^']+' (succeeded|failed|stopped)" "$TMP/status.log" | tail -n 1)"

@@ -56,7 +56,8 @@ print(f"    model {dst}: the built-in tiny Qwen2, max_position_embeddings {cfg['
 EOF
 A=actor_rollout_ref
 t1=$SECONDS
-timeout --signal=INT --kill-after=30 "${JOB_TIMEOUT_S:-420}" "$PYTHON" -m rlx.trainer.main_ppo --config-name quickstart \
+timeout --signal=INT --kill-after=30 "${JOB_TIMEOUT_S:-420}" \
+  "$PYTHON" -m rlx.trainer.main_ppo --config-name quickstart \
   "trainer.device=$DEVICE" trainer.n_gpus_per_node=2 trainer.nnodes=1 "trainer.total_training_steps=$STEPS" \
   trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 "trainer.logger=[console,file]" \
   "trainer.default_local_dir=$WORK/job" \
@@ -78,7 +79,7 @@ grep -E "^rlx: " "$WORK/job.log" | sed "s/^/    /"
 echo "    exit $job_rc after $((SECONDS - t1)) s"
 
 echo
-echo "### GRPO ($DEVICE), Ulysses SP=2 over 2 ranks, responses of $RESPONSE tokens (ignore_eos), 2 prompts x n=2 per step"
+echo "### GRPO ($DEVICE), Ulysses SP=2 over 2 ranks, $RESPONSE-token responses (ignore_eos), 2 prompts x n=2 a step"
 "$PYTHON" - "$WORK/job/logs/metrics.jsonl" <<'EOF'
 import os, sys
 from rlx.trainer.phases import read, render

@@ -40,8 +40,9 @@ for need in $needs; do
     ray) "$PYTHON" -c 'import ray' 2>/dev/null || missing+=("ray (importable)") ;;
     vllm) "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("vllm") is None)' \
             || missing+=("vllm (importable)") ;;
-    gsm8k) [ -f "${RLX_GSM8K_DIR:-/nonexistent}/train.jsonl" ] && [ -f "${RLX_GSM8K_DIR:-/nonexistent}/test.jsonl" ] \
-             || missing+=("RLX_GSM8K_DIR: a directory with GSM8K's train.jsonl and test.jsonl (now '${RLX_GSM8K_DIR:-}')") ;;
+    gsm8k) dir="${RLX_GSM8K_DIR:-/nonexistent}"
+           [ -f "$dir/train.jsonl" ] && [ -f "$dir/test.jsonl" ] \
+             || missing+=("RLX_GSM8K_DIR: a directory with GSM8K's train.jsonl and test.jsonl (is '${RLX_GSM8K_DIR:-}')") ;;
     *) missing+=("unknown need '$need' in tests/gpu_groups.py") ;;
   esac
 done

@@ -57,10 +57,11 @@ def one_rank_group(device: str):
     from rlx.engine.fsdp import init_distributed
 
     saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+    own = not torch.distributed.is_initialized()
     try:
         yield init_distributed(device, rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
     finally:
-        if torch.distributed.is_initialized():
+        if own and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         for k, v in saved.items():
             if v is None:

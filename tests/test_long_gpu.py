@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import one_rank_group
-
 from rlx.ops.log_prob_head import log_probs_from_hidden
+
+from conftest import one_rank_group
 
 pytestmark = pytest.mark.gpu
 

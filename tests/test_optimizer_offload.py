@@ -15,11 +15,12 @@ def test_optimizer_state_comes_at_the_first_step_and_leaves_at_the_end(monkeypat
     events = []
     with one_rank_group("cpu") as device:
         fsdp_cfg = FSDPConfig(optimizer_offload=True)
-        engine = ActorEngine(role="actor", model_cfg=ModelConfig(path="builtin://tiny-qwen2", use_remove_padding=False),
-                             actor_cfg=ActorConfig(strategy="fsdp2", ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=1,
-                                                   optim=OptimConfig(lr=1e-3), fsdp_config=fsdp_cfg),
-                             fsdp_cfg=fsdp_cfg, strategy="fsdp2", device=device, world_size=1, rollout_n=1,
-                             temperature=1.0, total_steps=2)
+        model_cfg = ModelConfig(path="builtin://tiny-qwen2", use_remove_padding=False)
+        actor_cfg = ActorConfig(strategy="fsdp2", ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=1,
+                                optim=OptimConfig(lr=1e-3), fsdp_config=fsdp_cfg)
+        engine = ActorEngine(role="actor", model_cfg=model_cfg, actor_cfg=actor_cfg, fsdp_cfg=fsdp_cfg,
+                             strategy="fsdp2", device=device, world_size=1, rollout_n=1, temperature=1.0,
+                             total_steps=2)
         monkeypatch.setattr(fsdp, "move_optimizer_state", lambda opt, dev: events.append(f"state to {dev.type}"))
         step, context = engine.optimizer_step, engine.micro_batch_context
         monkeypatch.setattr(engine, "optimizer_step", lambda clip: events.append("step") or step(clip))

@@ -9,7 +9,6 @@ have unequal lengths, one of them shorter than sp tokens. Also: per-rank saved a
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -299,9 +298,10 @@ def _bf16_logprob_worker(rank, world, port, device_type, out_file):
         batch = lengths_batch(torch.randint(8, 64, (8,), generator=g).tolist(), resp, prompt=64, resp=400, g=g)
         out = {}
         for name, sp, dtype in (("fp32 sp1", 1, "fp32"), ("bf16 sp1", 1, "bf16"), ("bf16 sp2", 2, "bf16")):
-            cfg = _cfg("fsdp2", COMMON + LAYER + [f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={dtype}",
-                                                 "actor_rollout_ref.model.fused_kernel_options.chunk_size=256",
-                                                 "actor_rollout_ref.model.tile_layer_tokens=256"])
+            cfg = _cfg("fsdp2", COMMON + LAYER + [
+                f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={dtype}",
+                "actor_rollout_ref.model.fused_kernel_options.chunk_size=256",
+                "actor_rollout_ref.model.tile_layer_tokens=256"])
             arr = cfg.actor_rollout_ref
             torch.manual_seed(0)
             actor = ActorEngine(role="actor", model_cfg=arr.model, actor_cfg=arr.actor, fsdp_cfg=arr.actor.fsdp_config,
