@@ -17,6 +17,10 @@ tests/agent_helpers.py (a random-weight model writes no tool call, so it calls a
 assistant turns of up to --turn-tokens tokens each, so with the defaults (T=8, 1024) a trajectory holds ~8.5k
 tokens (the model's and the tools'); --response must hold them (e.g. --response 9216).
 
+`--gpus 1,2` runs each rollout's job on 1 and then on 2 GPUs of this machine with the same batch per GPU (--prompts
+prompts per GPU, FSDP2 and one vLLM engine per GPU) and ends with the scaling: whole-step and generated tokens per
+second on N GPUs over 1 GPU (ideal: N).
+
 Printed: each job's per-step phase view (`python -m rlx.trainer.phases`), then one table: seconds per phase (weight
 sync, wake, generate, sleep, old log-prob, ref, update, the step; mean over the steps after the first when there are
 several, else the one step), generated tokens per second, GPU memory in use after each phase (device-wide, GiB), and
@@ -50,7 +54,8 @@ ROWS = [  # (label, metric)
     ("ref", "timing_s/ref"),
     ("update actor", "timing_s/update_actor"),
     ("step", "timing_s/step"),
-    ("generated tokens/s", "perf/rollout/generated_tokens_per_s"),
+    ("generated tokens/s (per GPU)", "perf/rollout/generated_tokens_per_s"),
+    ("step tokens/s (per GPU)", "perf/throughput"),
     ("mean response length", "response_length/mean"),
     ("turns per trajectory", "agent/num_turns/mean"),
     ("tool tokens per trajectory", "agent/tool_tokens/mean"),
@@ -83,13 +88,14 @@ def agent_overrides(a, rollout: str, out: str) -> list[str]:
                    f"{r}.agent.default_agent_loop=forced_tool_agent", f"{r}.agent.agent_loop_config_path={loops}"]
 
 
-def job_overrides(a, rollout: str, model: str, out: str) -> list[str]:
+def job_overrides(a, rollout: str, model: str, out: str, gpus: int = 1) -> list[str]:
     steps = a.vllm_steps if engine_of(rollout) == "vllm" else a.hf_steps
+    prompts = a.prompts * gpus  # the same batch per GPU
     return [
         "algorithm.adv_estimator=grpo",
-        f"data.train_files=synthetic://digits/size:{a.prompts * steps}/seed:0",
+        f"data.train_files=synthetic://digits/size:{prompts * steps}/seed:0",
         "data.val_files=synthetic://digits/size:8/seed:1",
-        f"data.train_batch_size={a.prompts}",
+        f"data.train_batch_size={prompts}",
         "data.max_prompt_length=32",
         f"data.max_response_length={a.response}",
         f"actor_rollout_ref.model.path={model}",
@@ -104,7 +110,7 @@ def job_overrides(a, rollout: str, model: str, out: str) -> list[str]:
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768",
         "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={a.prompts}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.optim.lr=1e-6",
         "actor_rollout_ref.actor.use_kl_loss=True",
@@ -120,7 +126,7 @@ def job_overrides(a, rollout: str, model: str, out: str) -> list[str]:
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
         f"trainer.device={'cpu' if a.smoke else 'cuda'}",
-        "trainer.n_gpus_per_node=1",
+        f"trainer.n_gpus_per_node={gpus}",
         "trainer.nnodes=1",
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=False",
@@ -170,6 +176,25 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def print_scaling(results: dict[str, dict], rollout: str, gpu_counts: list[int]) -> None:
+    """Tokens per second of the whole job on N GPUs over 1 GPU (the per-GPU figures times N; ideal: N), for the
+    whole step and for generation; and the step time's ratio (ideal: 1, the batch per GPU being the same)."""
+    base = results.get(f"{rollout}-x1")
+    for n in gpu_counts:
+        got = results.get(f"{rollout}-x{n}")
+        if n == 1 or base is None or got is None:
+            continue
+        parts = []
+        for label, key in (("step tokens/s", "perf/throughput"), ("generated tokens/s",
+                                                                   "perf/rollout/generated_tokens_per_s")):
+            if base.get(key) and got.get(key):
+                parts.append(f"{label} {got[key] * n:.0f} vs {base[key]:.0f} = {got[key] * n / base[key]:.2f}x")
+        if base.get("timing_s/step") and got.get("timing_s/step"):
+            parts.append(f"step time {got['timing_s/step']:.2f} vs {base['timing_s/step']:.2f} s = "
+                         f"{got['timing_s/step'] / base['timing_s/step']:.2f}x (ideal 1.00)")
+        print(f"\nscaling {rollout}, {n} GPUs over 1 (same batch per GPU; ideal {n:.2f}x): " + "; ".join(parts))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", default=None, help="HF directory to train (default: random Qwen2.5-0.5B dims)")
@@ -184,6 +209,8 @@ def main() -> int:
     p.add_argument("--multi-turn", type=int, default=0, help="assistant turns of the forced tool agent (0: single "
                    "turn)")
     p.add_argument("--turn-tokens", type=int, default=1024, help="tokens per assistant turn with --multi-turn")
+    p.add_argument("--gpus", default="1", help="comma-separated GPU counts: each rollout's job runs on each, with "
+                   "--prompts prompts per GPU (e.g. 1,2: the scaling from 1 to 2 GPUs)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--target", type=float, default=10.0, help="vLLM/HF generated tokens/s to reach")
     p.add_argument("--smoke", action="store_true", help="a CPU check of this script: the built-in tiny model, "
@@ -220,24 +247,29 @@ def main() -> int:
     print(f"bench_job: {device}; torch {torch.__version__}, vLLM {vllm_version}; model {model}; {a.prompts} prompts "
           f"x n={a.n}, responses up to {a.response} tokens; out {out}", flush=True)
 
-    results, walls = {}, {}
+    gpu_counts = [int(g) for g in a.gpus.split(",")]
+    results, walls, steps = {}, {}, {}
     for rollout in a.rollouts.split(","):
-        print(f"\n=== job with rollout.name={rollout} ===", flush=True)
-        history, walls[rollout] = run_job(job_overrides(a, rollout, model, os.path.join(out, rollout)))
-        results[rollout] = summary(history)
-        with open(os.path.join(out, rollout, "logs", "metrics.jsonl")) as f:
-            records = [r for r in map(json.loads, f) if "timing_s/step" in r]
-        print(f"\n--- {rollout}: per-step phases (python -m rlx.trainer.phases {out}/{rollout}/logs/metrics.jsonl)")
-        print(render(records), flush=True)
+        for gpus in gpu_counts:
+            name = rollout if gpu_counts == [1] else f"{rollout}-x{gpus}"
+            print(f"\n=== job with rollout.name={rollout} on {gpus} GPU(s) ===", flush=True)
+            history, walls[name] = run_job(job_overrides(a, rollout, model, os.path.join(out, name), gpus))
+            results[name] = summary(history)
+            steps[name] = a.vllm_steps if engine_of(rollout) == "vllm" else a.hf_steps
+            with open(os.path.join(out, name, "logs", "metrics.jsonl")) as f:
+                records = [r for r in map(json.loads, f) if "timing_s/step" in r]
+            print(f"\n--- {name}: per-step phases (python -m rlx.trainer.phases {out}/{name}/logs/metrics.jsonl)")
+            print(render(records), flush=True)
 
-    steps = {r: (a.vllm_steps if engine_of(r) == "vllm" else a.hf_steps) for r in results}
     print(f"\n### GRPO job, {device}, vLLM {vllm_version}, torch {torch.__version__}")
     model_label = a.model_dir or "Qwen2.5-0.5B dims (random bf16 weights)"
-    print(f"{model_label}, {a.prompts} prompts x n={a.n}, responses up to {a.response} "
+    print(f"{model_label}, {a.prompts} prompts per GPU x n={a.n}, responses up to {a.response} "
           f"tokens, offload + checkpointing + remove padding + dynamic batch size, FSDP2, KL loss (ref pass). Seconds "
           f"per phase: mean over the steps after the first when a job has several ("
           + ", ".join(f"{r}: {s} step(s), job {walls[r]:.0f} s" for r, s in steps.items()) + ").\n")
     print(table(results))
+    for rollout in a.rollouts.split(","):
+        print_scaling(results, rollout, gpu_counts)
     if "vllm" in results and "hf" in results:
         v, h = (results[r].get("perf/rollout/generated_tokens_per_s") for r in ("vllm", "hf"))
         if v and h:

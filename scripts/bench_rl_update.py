@@ -30,6 +30,8 @@ Schemes are names made of parts joined by "_" (any order; a part that is absent 
     dyn[N]     actor.use_dynamic_bsz=True, ppo_max_token_len_per_gpu=N (default --max-tokens)
     mb[N]      ppo_micro_batch_size_per_gpu=N (default 1 for long responses, --micro for --shaping)
     pf[N]      model.activation_offload.prefetch_layers=N (default: the config's, 2)
+    optoff     fsdp_config.optimizer_offload=True: the fp32 AdamW state on the CPU, on the GPU only from the update's
+               optimizer step (a full fine-tune whose state does not fit next to the activations)
     growpool   model.activation_offload.reserve_pool=False: the pinned host pool grows on the first update at
                each new length instead of being sized up front (what the first step at a longer length costs)
     critic     CriticEngine.update_critic (value head; `fused` does not apply) instead of the actor
@@ -136,12 +138,13 @@ class Scheme:
     sp: int = 1
     prefetch: int = -1
     reserve: bool = True
+    optoff: bool = False
 
 
 def parse_scheme(name: str, a) -> Scheme:
     s = Scheme(name, micro=a.micro if a.shaping else 1)
     for p in name.split("_"):
-        if p in ("critic", "ckpt", "offload", "fused", "rmpad", "liger"):
+        if p in ("critic", "ckpt", "offload", "fused", "rmpad", "liger", "optoff"):
             setattr(s, p, True)
         elif p == "plain":
             pass
@@ -162,7 +165,7 @@ def parse_scheme(name: str, a) -> Scheme:
             s.prefetch = int(p[2:])
         else:
             raise ValueError(f"scheme {name!r}: unknown part {p!r} (parts: ckpt offload fused tile[N] layer[N] rmpad "
-                             f"dyn[N] pf[N] mb[N] sp[N] liger growpool critic plain)")
+                             f"dyn[N] pf[N] mb[N] sp[N] liger optoff growpool critic plain)")
     if s.critic and s.fused:
         raise ValueError(f"scheme {name!r}: the critic has a value head; `fused` (the chunked log-prob head) "
                          f"does not apply")
@@ -200,6 +203,8 @@ def overrides(s: Scheme, a, model_path: str, rows: int) -> tuple[list[str], list
         fixed.append(f"{fsdp}.model_dtype={'bf16' if a.device == 'cuda' else 'fp32'}")
     if s.prefetch >= 0:
         own[f"{model}.activation_offload.prefetch_layers"] = s.prefetch
+    if s.optoff:
+        own[f"{fsdp}.optimizer_offload"] = True
     if not s.reserve:
         own[f"{model}.activation_offload.reserve_pool"] = False
     ov = [f"trainer.device={a.device}", f"{model}.path={model_path}"] + [f"{k}={v}" for k, v in own.items()] + \

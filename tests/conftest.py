@@ -1,7 +1,12 @@
+import contextlib
 import os
 import socket
 
 import pytest
+
+from isolation import each_module_isolated, each_test_isolated, track_env_writers  # noqa: F401 (autouse fixtures)
+
+track_env_writers()  # before any test module is imported: who sets what in os.environ (tests/isolation.py)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -41,6 +46,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def one_rank_group(device: str):
+    """This process as the only rank of the default process group (NCCL on cuda, gloo on cpu), through rlx's own
+    `init_distributed`; at exit the group is destroyed and the rendezvous variables it set are put back."""
+    import torch
+
+    from rlx.engine.fsdp import init_distributed
+
+    saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+    own = not torch.distributed.is_initialized()
+    try:
+        yield init_distributed(device, rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
+    finally:
+        if own and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _gloo_per_strategy(rank: int, world: int, port: int, root: str, check) -> None:
@@ -87,6 +114,19 @@ def spawn_per_strategy(check, root: str, world: int = 2) -> None:
                                     join=True)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--gpu-group", type=int, default=None, metavar="K",
+                     help="run only group K of the GPU suite and print its table (tests/gpu_groups.py; "
+                          "scripts/gpu_suite.sh)")
+
+
+def pytest_configure(config):
+    if config.getoption("--gpu-group") is not None:
+        from gpu_groups import GroupRun
+
+        config.pluginmanager.register(GroupRun(config.getoption("--gpu-group")), "rlx_gpu_group")
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
@@ -99,14 +139,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def ray_local():
-    """One local Ray instance shared by every end-to-end test of the session."""
+def ray_local(request):
+    """One local Ray instance shared by every end-to-end test of the session (the only Ray a test may leave up:
+    tests/isolation.py checks that each test's actors and placement groups are gone from it)."""
     import ray
 
     if not ray.is_initialized():
         # a private Ray (never a cluster named in Ray's temp folder); workers get their env from WorkerGroup
         ray.init(address="local", num_cpus=2, include_dashboard=False)
+    request.session.rlx_shared_ray = True
     yield ray
+    request.session.rlx_shared_ray = False
     ray.shutdown()
 
 

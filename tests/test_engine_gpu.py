@@ -3,21 +3,18 @@
 Runs in one process (world size 1, NCCL). Checks that an update with activation offload (+ checkpointing) gives
 the same weights as the same update without it, and that parameter/optimizer offload round-trips.
 """
-import os
-
 import pytest
 import torch
+
+from conftest import one_rank_group
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def dist():
-    from rlx.engine.fsdp import init_distributed
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    return init_distributed("cuda", rank=0, world_size=1)
+    with one_rank_group("cuda") as device:
+        yield device
 
 
 def _engine(strategy, offload: bool, param_offload: bool = False):

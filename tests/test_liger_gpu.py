@@ -6,10 +6,10 @@ activation offload + checkpointing (and with the tiled decoder layers + fused he
 update without offload bit for bit (the kernels are deterministic; offload moves saved tensors, never changes
 them); and Liger's gradients agree with torch's kernels' within 1e-4 relative.
 """
-import os
-
 import pytest
 import torch
+
+from conftest import one_rank_group
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 pytest.importorskip("liger_kernel")
@@ -34,12 +34,13 @@ def torch_rotary_after():
 
 @pytest.fixture(scope="module")
 def dist():
-    from rlx.engine.fsdp import init_distributed
-
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29541")
-    return init_distributed("cuda", rank=0, world_size=1)
+    try:
+        with one_rank_group("cuda") as device:
+            yield device
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 def _grads(strategy, over):

@@ -3,12 +3,12 @@ bf16 noise floor, and the engine's packed / fused / tiled / offloaded paths give
 gives, on CUDA (real streams, SDPA's CUDA kernels)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from rlx.ops.log_prob_head import log_probs_from_hidden
+
+from conftest import one_rank_group
 
 pytestmark = pytest.mark.gpu
 
@@ -64,13 +64,8 @@ def _engine_logprobs_and_grads(over):
 
 @pytest.fixture(scope="module")
 def nccl_group():
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29561")
-    from rlx.engine.fsdp import init_distributed
-
-    init_distributed("cuda", 0, 1)
-    yield
-    torch.distributed.destroy_process_group()
+    with one_rank_group("cuda"):
+        yield
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])

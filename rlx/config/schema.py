@@ -96,7 +96,7 @@ class FSDPConfig:
     param_offload: bool = False
     """Keep sharded parameters on the CPU between uses."""
     optimizer_offload: bool = False
-    """Keep optimizer state on the CPU between updates."""
+    """Keep optimizer state on the CPU between updates, and in an update until its first optimizer step."""
     offload_policy: bool = False
     """FSDP2 only (strategy fsdp2; an error with fsdp): use CPUOffloadPolicy (parameters, gradients and optimizer
     step on the CPU)."""

@@ -169,6 +169,27 @@ class FSDPEngine:
             if self.fsdp_cfg.param_offload:
                 self.offload_params()
 
+    @contextlib.contextmanager
+    def optimizer_state_from_first_step(self):
+        """Within an update, with `optimizer_offload`: the optimizer state stays on the CPU through the first
+        mini-batch's forward and backward and comes to the device for the first optimizer step, staying there until
+        the update ends (one copy each way per update, as for a whole phase). With one mini-batch per update (long
+        responses) the activations and the optimizer state are never on the device together. Yields `ready()`, to
+        call before each optimizer step."""
+        moved = False
+
+        def ready():
+            nonlocal moved
+            if self.fsdp_cfg.optimizer_offload and not moved:
+                F.move_optimizer_state(self.optimizer, self.device)
+                moved = True
+
+        try:
+            yield ready
+        finally:
+            if moved:
+                F.move_optimizer_state(self.optimizer, torch.device("cpu"))
+
     def offload_metrics(self, phase: str) -> dict:
         """What the activation offload moved in the last micro-batch and how big its host pool is."""
         if self.offloader is None:
@@ -242,7 +263,7 @@ class FSDPEngine:
             metrics.setdefault(k, []).append(float(v))
 
         world = dist.get_world_size() if dist.is_initialized() else 1
-        with self.phase(with_optimizer=True):
+        with self.phase(), self.optimizer_state_from_first_step() as optimizer_ready:
             for mini in split_minis(batch, spec.mini_size, spec.epochs, spec.shuffle, spec.seed):
                 mbs, _ = micro_batches(mini, spec.micro_size, self._group_tokens(spec.max_tokens),
                                        agree=self.agree_max)
@@ -266,6 +287,7 @@ class FSDPEngine:
                         add(k, v)
                 for k, v in summed.items():
                     add(k, v)
+                optimizer_ready()
                 for k, v in self.optimizer_step(spec.grad_clip).items():
                     add(f"{spec.prefix}/{k}", v)
             self.lr_scheduler.step()
