@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlx.checkpoint_errors import DamagedCheckpointError, UnsafeCheckpointError  # noqa: F401 (re-exported)
 from rlx.config.schema import TrainerConfig
 
 log = logging.getLogger("rlx")
@@ -105,10 +106,6 @@ def _numpy_array_globals() -> list:
     and dtypes. Data only: none of them can call anything else."""
     core = getattr(np, "_core", None) or np.core
     return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-
-
-class UnsafeCheckpointError(ValueError):
-    """A checkpoint file that would only load by running code from it (a pickled object); rlx refuses it."""
 
 
 def load_extra(path: str) -> dict:
@@ -501,10 +498,6 @@ def list_steps(root: str, complete_only: bool = True) -> list[int]:
     return sorted(s for s in steps if not complete_only or is_complete(step_dir(root, s)))
 
 
-class DamagedCheckpointError(ValueError):
-    """No checkpoint to resume from could be verified, and starting fresh would be wrong."""
-
-
 def _damage_report(directory: str, problems: list[str]) -> str:
     shown = problems[:5] + ([f"... and {len(problems) - 5} more"] if len(problems) > 5 else [])
     return f"checkpoint {directory} is damaged:\n    " + "\n    ".join(shown)
@@ -704,3 +697,25 @@ if __name__ == "__main__":
         sys.exit(2)
     for p in resave_extra(sys.argv[2]):
         print(f"re-saved {p}")
+
+
+def check_resume_files(step: str) -> list[str]:
+    """The problems of every file of a step dir that resume reads, each read as resume reads it (nothing in them
+    runs); [] when all load. The driver calls this before any worker starts."""
+    from rlx.checkpoint_safety import _check_meta_json, check_dcp_dir
+
+    problems = []
+    try:
+        load_driver_state(step)
+    except ValueError as e:
+        problems.append(str(e))
+    for role in sorted(os.listdir(step)):
+        role_dir = os.path.join(step, role)
+        if not os.path.isdir(role_dir):
+            continue
+        if os.path.exists(os.path.join(role_dir, "meta.json")):
+            problems += _check_meta_json(os.path.join(role_dir, "meta.json"))
+        for part in ("model", "optim"):
+            if os.path.isdir(os.path.join(role_dir, part)):
+                problems += check_dcp_dir(os.path.join(role_dir, part))
+    return problems + check_extra_files(step)

@@ -1,5 +1,5 @@
 """Loading a checkpoint never runs code from it: the DCP reader and planner resume uses, and the driver's check of
-every file of the step to resume from (`check_resume_files`, before Ray starts).
+every file of the step to resume from (`rlx.checkpoint.check_resume_files`, before Ray starts).
 
 torch's own `FileSystemReader.read_metadata` unpickles `.metadata` with `pickle.load`, and `DefaultLoadPlanner`
 loads every byte item (the optimizer's `param_groups.*`) with `torch.load(weights_only=False)`: a pickle planted in
@@ -12,7 +12,7 @@ a `DefaultLoadPlanner` subclass), so that it holds on every torch rlx supports (
   checkpoint id) and a few containers. Any other global is refused by name: nothing is called.
 - byte items load with `torch.load(weights_only=True)` (`SafeLoadPlanner.load_bytes`).
 
-`check_resume_files(step)` reads every file resume reads the way resume reads it: `driver_state.json` and each
+`rlx.checkpoint.check_resume_files(step)` reads every file resume reads the way resume reads it: `driver_state.json` and each
 role's `meta.json` (JSON), `extra_rank*.pt` (`torch.load(weights_only=True)`), the `.metadata` and every byte item of
 `model/` and `optim/` (as above); tensor items are left alone (DCP always loads them with `weights_only=True`).
 """
@@ -31,7 +31,7 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
-from rlx.checkpoint import UnsafeCheckpointError
+from rlx.checkpoint_errors import DamagedCheckpointError, UnsafeCheckpointError
 
 METADATA = ".metadata"
 _DCP_PREFIX = "torch.distributed.checkpoint"
@@ -87,7 +87,6 @@ def _refusal(path: str, what: str) -> UnsafeCheckpointError:
 def load_metadata(path: str) -> Metadata:
     """Unpickle a DCP `.metadata` file allowing DCP's metadata types only; `UnsafeCheckpointError` naming the file
     for anything else, `DamagedCheckpointError` for a file that is not a metadata pickle at all."""
-    from rlx.checkpoint import DamagedCheckpointError
 
     try:
         with open(path, "rb") as f:
@@ -218,7 +217,6 @@ def check_dcp_dir(path: str) -> list[str]:
     would run code or fail to load, else the problems, each naming the file."""
     import torch.distributed.checkpoint as dcp
 
-    from rlx.checkpoint import DamagedCheckpointError
 
     reader = SafeFileSystemReader(path)
     try:
@@ -254,25 +252,3 @@ def _check_meta_json(path: str) -> list[str]:
         return [f"{path} is not the record rlx writes (no list of contents); resume from an earlier global_step_N "
                 f"dir (trainer.resume_from_path)"]
     return []
-
-
-def check_resume_files(step: str) -> list[str]:
-    """The problems of every file of a step dir that resume reads, each read as resume reads it (nothing in them
-    runs); [] when all load. The driver calls this before any worker starts."""
-    from rlx import checkpoint as ckpt
-
-    problems = []
-    try:
-        ckpt.load_driver_state(step)
-    except ValueError as e:
-        problems.append(str(e))
-    for role in sorted(os.listdir(step)):
-        role_dir = os.path.join(step, role)
-        if not os.path.isdir(role_dir):
-            continue
-        if os.path.exists(os.path.join(role_dir, "meta.json")):
-            problems += _check_meta_json(os.path.join(role_dir, "meta.json"))
-        for part in ("model", "optim"):
-            if os.path.isdir(os.path.join(role_dir, part)):
-                problems += check_dcp_dir(os.path.join(role_dir, part))
-    return problems + ckpt.check_extra_files(step)

@@ -210,7 +210,7 @@ def test_torchs_own_dcp_reader_and_planner_run_the_planted_code(real_step, tmp_p
 
 @pytest.mark.parametrize("where", list(PLANTS))
 def test_a_planted_payload_in_any_file_runs_nothing_and_is_named(real_step, tmp_path, where):
-    from rlx.checkpoint_safety import check_resume_files
+    from rlx.checkpoint import check_resume_files
 
     step, marker, rel = _planted(real_step, tmp_path, where)
     problems = check_resume_files(str(step))
@@ -225,7 +225,8 @@ def test_the_clean_step_passes_and_loads_whole(real_step, tmp_path):
 
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    from rlx.checkpoint_safety import check_resume_files, load_whole
+    from rlx.checkpoint import check_resume_files
+    from rlx.checkpoint_safety import load_whole
     from rlx.engine.fsdp import build_hf_model
     from rlx.models import resolve_model_path
 

@@ -32,6 +32,7 @@ LAYERS = [
     ("rlx.checkpoint", 3),
     ("rlx.checkpoint_safety", 3),  # safe DCP loading, resume file checks (rlx/checkpoint/ once it is a package)
     ("rlx.checkpoint_lock", 3),    # one run per checkpoint folder (likewise)
+    ("rlx.checkpoint_errors", 3),  # the refusals both share
     # 4: Ray worker roles, their group, and the rollouts they hold
     ("rlx.workers", 4),
     # 5: the driver: the loop, the Ray launch, the preflight

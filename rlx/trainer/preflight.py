@@ -17,7 +17,7 @@ seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
   installed torch (`rlx.workers.rollout.vllm_compat`);
 - checkpoints: `trainer.default_local_dir` is writable when something will be written there, and the checkpoint
   to resume from exists, is complete, matches its checksums, and every file resume reads loads as resume loads it
-  without running code (`rlx.checkpoint_safety.check_resume_files`: JSON, `torch.load(weights_only=True)`, DCP
+  without running code (`rlx.checkpoint.check_resume_files`: JSON, `torch.load(weights_only=True)`, DCP
   metadata of DCP's types only); its models are the ones this run builds (`meta.json`'s record against the model
   built on the meta device: class, layers, sizes, LoRA, parameter names and shapes).
 
@@ -333,7 +333,7 @@ def _check_resume(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> str | N
         return None
     if not resume_dir:
         return None
-    from rlx.checkpoint_safety import check_resume_files
+    from rlx.checkpoint import check_resume_files
 
     unsafe = check_resume_files(resume_dir)  # every file read as resume will read it: no code runs
     problems.extend(unsafe)
