@@ -15,7 +15,7 @@ set -xeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-PYTHON="${PYTHON:-python3}"
+source "$ROOT/scripts/lib/python.sh"  # $PYTHON, else the .venv (scripts/setup.sh makes it)
 
 clip_ratio_low=0.2                 # GPU: 0.2
 clip_ratio_high=0.28               # GPU: 0.28

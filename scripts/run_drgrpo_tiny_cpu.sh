@@ -9,7 +9,7 @@ set -xeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-PYTHON="${PYTHON:-python3}"
+source "$ROOT/scripts/lib/python.sh"  # $PYTHON, else the .venv (scripts/setup.sh makes it)
 
 "$PYTHON" -m rlx.trainer.main_ppo --config-name quickstart \
     algorithm.adv_estimator=grpo \

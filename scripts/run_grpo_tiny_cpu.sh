@@ -11,10 +11,7 @@ set -xeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-if [[ -z "${PYTHON:-}" ]]; then
-    "$ROOT/scripts/setup.sh"
-    if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
-fi
+source "$ROOT/scripts/lib/python.sh"  # $PYTHON, else the .venv (scripts/setup.sh makes it)
 
 "$PYTHON" -m rlx.trainer.main_ppo --config-name quickstart \
     algorithm.adv_estimator=grpo \

@@ -28,3 +28,17 @@ def test_ray_token_auth_note_is_dropped_but_auth_off_still_warns():
     assert not logger.filter(_record(logger.name, "Token authentication is enabled for this Ray cluster. Set "
                                                   "RAY_AUTH_MODE=disabled to opt out."))
     assert logger.filter(_record(logger.name, "Token authentication is disabled for this Ray cluster. Anyone ..."))
+
+
+def test_validation_summary_says_start_only_when_validated_before_training():
+    from rlx.trainer.console import validation_summary
+
+    key = "val/digits/reward/mean"
+    history = [{key: 0.1, "timing_s/testing": 1.0}, {key: 0.25}, {key: 0.5}]
+    assert validation_summary(history, True) == [f"validation {key}: start 0.1000 -> end 0.5000"]
+    # trainer.val_before_train=False: the first validation ran after training steps; it is no "start"
+    no_start = validation_summary(history[1:], False)
+    assert no_start == [f"validation {key}: end 0.5000 (no validation before training: trainer.val_before_train=False)"]
+    assert "start" not in validation_summary(history[2:], False)[0]
+    assert validation_summary(history[:1], True) == [f"validation {key}: 0.1000"]  # val_only: one value
+    assert validation_summary([], True) == validation_summary([], False) == []

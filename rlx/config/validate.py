@@ -47,7 +47,7 @@ def _get(cfg, dotted: str):
 
 def _choice(errors, key, value, choices):
     if value not in choices:
-        errors.append(f"{key}={value!r} is not valid; choose one of {list(choices)}.")
+        errors.append(f"{key}={value!r} is not valid; choose one of {list(choices)}. Fix: {key}=<one of them>.")
 
 
 def world_size(cfg: RLXConfig) -> int:
@@ -255,11 +255,12 @@ def _check_batch_sizes(cfg, errors):
     n = cfg.actor_rollout_ref.rollout.n
     tbs = cfg.data.train_batch_size
     if ws < 1:
-        errors.append(f"trainer.nnodes * trainer.n_gpus_per_node must be >= 1, got {ws}.")
+        errors.append(f"trainer.nnodes * trainer.n_gpus_per_node must be >= 1, got {ws}. Fix: trainer.nnodes=1 "
+                      f"trainer.n_gpus_per_node=<GPUs (or CPU workers) per node>.")
         return
     if (tbs * n) % ws:
         errors.append(f"data.train_batch_size * actor_rollout_ref.rollout.n = {tbs}*{n} = {tbs * n} sequences do not "
-                      f"divide across world size {ws} (trainer.nnodes * trainer.n_gpus_per_node); choose sizes so "
+                      f"divide across world size {ws} (trainer.nnodes * trainer.n_gpus_per_node). Fix: choose sizes so "
                       f"that it divides.")
     built = plan_roles(cfg)
     roles = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor)]
@@ -269,7 +270,7 @@ def _check_batch_sizes(cfg, errors):
         mini, micro = role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_gpu
         if mini <= 0 or tbs % mini:
             errors.append(f"{prefix}.ppo_mini_batch_size={mini} must be positive and divide data.train_batch_size="
-                          f"{tbs}.")
+                          f"{tbs}. Fix: {prefix}.ppo_mini_batch_size among the divisors of {tbs}.")
             continue
         sp = role.ulysses_sequence_parallel_size
         # the ranks of a sequence-parallel group share rows: a mini-batch splits over world / sp groups
@@ -277,15 +278,15 @@ def _check_batch_sizes(cfg, errors):
         if (mini * n) % dp:
             where = f"world size {ws}" if dp == ws else f"{dp} data-parallel groups (world size {ws} / {sp})"
             errors.append(f"{prefix}.ppo_mini_batch_size * rollout.n = {mini}*{n} = {mini * n} sequences must divide "
-                          f"across {where}; change {prefix}.ppo_mini_batch_size or trainer.n_gpus_per_node.")
+                          f"across {where}. Fix: change {prefix}.ppo_mini_batch_size or trainer.n_gpus_per_node.")
             continue
         # micro-batches need not divide the mini-batch (the last one may be smaller; gradients stay exact)
         if role.use_dynamic_bsz:
             _positive(errors, f"{prefix}.ppo_max_token_len_per_gpu", role.ppo_max_token_len_per_gpu,
                       f"(the token budget of {prefix}.use_dynamic_bsz=True)")
         elif micro is None or micro <= 0:
-            errors.append(f"{prefix}.ppo_micro_batch_size_per_gpu={micro!r} must be a positive integer (or set "
-                          f"{prefix}.use_dynamic_bsz=True with {prefix}.ppo_max_token_len_per_gpu).")
+            errors.append(f"{prefix}.ppo_micro_batch_size_per_gpu={micro!r} must be a positive integer. Fix: set it "
+                          f"(e.g. 4), or {prefix}.use_dynamic_bsz=True with {prefix}.ppo_max_token_len_per_gpu.")
     log_prob_roles = [("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz")]
     if built.ref:  # (as verl asks)
         log_prob_roles.append(("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz"))
@@ -297,7 +298,7 @@ def _check_batch_sizes(cfg, errors):
         key = f"{prefix}.log_prob_micro_batch_size_per_gpu"
         value = _get(cfg, key)
         if value is None or value <= 0:
-            errors.append(f"{key}={value!r} must be a positive integer (or set {prefix}.{dyn}=True).")
+            errors.append(f"{key}={value!r} must be a positive integer. Fix: set it (e.g. 8), or {prefix}.{dyn}=True.")
     if built.critic:
         c = cfg.critic
         if c.use_dynamic_bsz:
@@ -305,12 +306,13 @@ def _check_batch_sizes(cfg, errors):
                       "(the token budget of critic.use_dynamic_bsz=True)")
         elif c.forward_micro_batch_size_per_gpu is None or c.forward_micro_batch_size_per_gpu <= 0:
             errors.append(f"critic.forward_micro_batch_size_per_gpu={c.forward_micro_batch_size_per_gpu!r} must be a "
-                          f"positive integer.")
+                          f"positive integer. Fix: set it (e.g. 8), or critic.use_dynamic_bsz=True.")
 
 
 def _positive(errors, key, value, what=""):
     if value is None or value <= 0:
-        errors.append(f"{key}={value!r} must be a positive integer {what}.".replace(" .", "."))
+        errors.append(f"{key}={value!r} must be a positive integer {what}. Fix: {key}=<a positive "
+                      f"integer>.".replace(" .", "."))
 
 
 def _check_head_backend(cfg, errors):
@@ -440,7 +442,8 @@ def _check_algorithm(cfg, errors):
     alg, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     _choice(errors, "algorithm.adv_estimator", alg.adv_estimator, ADV_ESTIMATORS)
     if rollout.n < 1:
-        errors.append(f"actor_rollout_ref.rollout.n={rollout.n} must be >= 1 (responses per prompt).")
+        errors.append(f"actor_rollout_ref.rollout.n={rollout.n} must be >= 1 (responses per prompt). Fix: "
+                      f"actor_rollout_ref.rollout.n=1 (PPO), or >= 2 for the group estimators (grpo, rloo, ...).")
     elif alg.adv_estimator == "grpo_passk" and rollout.n < 2:  # verl raises for a group of one at the first step
         errors.append(f"algorithm.adv_estimator=grpo_passk takes the best two responses of each group and needs "
                       f"actor_rollout_ref.rollout.n >= 2, got {rollout.n}. Fix: actor_rollout_ref.rollout.n=4 "
@@ -503,13 +506,13 @@ def _check_rollout(cfg, errors):
     greedy = (not r.do_sample) or r.temperature == 0
     if r.n > 1 and greedy:
         errors.append(f"actor_rollout_ref.rollout.n={r.n} with greedy sampling (do_sample={r.do_sample}, "
-                      f"temperature={r.temperature}) gives n identical responses; set "
+                      f"temperature={r.temperature}) gives n identical responses. Fix: "
                       f"actor_rollout_ref.rollout.do_sample=True and temperature > 0, or n=1.")
     ws = world_size(cfg)
     tp = r.tensor_model_parallel_size
     if tp < 1 or ws % tp:
         errors.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide the world size {ws} "
-                      f"(trainer.nnodes * trainer.n_gpus_per_node).")
+                      f"(trainer.nnodes * trainer.n_gpus_per_node). Fix: a divisor of {ws}.")
     if tp > 1 and cfg.trainer.device == "cpu":
         errors.append(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} needs GPUs (trainer.device=cuda). "
                       f"Fix: actor_rollout_ref.rollout.tensor_model_parallel_size=1.")

@@ -42,29 +42,30 @@ def dataset_class(cfg: DataConfig) -> type:
     where = f"data.custom_cls.path={path!r}"
     file = os.path.expanduser(str(path))
     if not os.path.isfile(file):
-        raise ValueError(f"{where} is not a file; give the Python file that defines the dataset class "
-                         f"data.custom_cls.name={name!r}")
+        raise ValueError(f"{where} is not a file. Fix: give the Python file that defines the dataset class "
+                         f"data.custom_cls.name={name!r}.")
     spec = importlib.util.spec_from_file_location(f"rlx_custom_dataset_{abs(hash(os.path.abspath(file)))}", file)
     if spec is None or spec.loader is None:
-        raise ValueError(f"{where} is not a Python source file")
+        raise ValueError(f"{where} is not a Python source file. Fix: give a .py file.")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - any failure while importing the user's file
-        hint = ("; a verl dataset class does not load in rlx: port its row reading to a subclass of "
-                "rlx.data.dataset.RLDataset (docs/data.md)" if isinstance(e, ImportError)
-                and str(getattr(e, "name", "") or "").split(".")[0] == "verl" else "")
-        raise ValueError(f"{where} failed to import ({type(e).__name__}: {e}){hint}") from e
+        fix = ("a verl dataset class does not load in rlx: port its row reading to a subclass of "
+               "rlx.data.dataset.RLDataset (docs/data.md)" if isinstance(e, ImportError)
+               and str(getattr(e, "name", "") or "").split(".")[0] == "verl" else "make the file import on its own")
+        raise ValueError(f"{where} failed to import ({type(e).__name__}: {e}). Fix: {fix}.") from e
     cls = getattr(module, str(name), None)
     if not isinstance(cls, type):
         found = sorted(k for k, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)
         what = "is not defined" if cls is None else f"is a {type(cls).__name__}, not a class"
-        raise ValueError(f"data.custom_cls.name={name!r} {what} in {where}; classes defined there: {found}")
+        raise ValueError(f"data.custom_cls.name={name!r} {what} in {where}. Fix: name one of the classes "
+                         f"defined there: {found}.")
     missing = [m for m in METHODS if not callable(getattr(cls, m, None))]
     if missing:
         raise ValueError(f"data.custom_cls {name} (from {path!r}) lacks {missing} of rlx's dataset interface "
-                         f"({', '.join(METHODS)}); subclass rlx.data.dataset.RLDataset, which has them all "
-                         f"(see docs/data.md)")
+                         f"({', '.join(METHODS)}). Fix: subclass rlx.data.dataset.RLDataset, which has them all "
+                         f"(see docs/data.md).")
     return cls
 
 
@@ -83,8 +84,9 @@ def build_dataset(files, tokenizer, cfg: DataConfig, tool_schemas: Optional[list
     except ValueError:  # the dataset's own report of a bad file or row
         raise
     except Exception as e:  # noqa: BLE001 - a constructor that does not take rlx's arguments, or fails on them
-        raise ValueError(f"{key}: cls(data_files, tokenizer, config) failed ({type(e).__name__}: {e}); rlx builds a "
-                         f"dataset with the data files, the tokenizer and the data config section") from e
+        raise ValueError(f"{key}: cls(data_files, tokenizer, config) failed ({type(e).__name__}: {e}). Fix: a "
+                         f"constructor that takes the data files, the tokenizer and the data config section, as rlx "
+                         f"builds a dataset.") from e
     _check_fits(ds, cfg, key)
     return ds
 
@@ -94,26 +96,33 @@ def _check_fits(ds, cfg: DataConfig, key: str) -> None:
         n = len(ds)
         item = ds[0] if n > 0 else None
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{key}: len(ds) / ds[0] failed ({type(e).__name__}: {e})") from e
+        raise ValueError(f"{key}: len(ds) / ds[0] failed ({type(e).__name__}: {e}). Fix: the class's __len__ and "
+                         f"__getitem__ (rlx.data.dataset.RLDataset's are the model).") from e
     if not n:
-        raise ValueError(f"{key} holds no prompts for files {cfg.train_files!r} / {cfg.val_files!r}")
+        raise ValueError(f"{key} holds no prompts for files {cfg.train_files!r} / {cfg.val_files!r}. Fix: check the "
+                         f"files, or how the class reads them.")
     if not isinstance(item, dict) or [k for k in ITEM_KEYS if k not in item]:
         have = sorted(item) if isinstance(item, dict) else type(item).__name__
-        raise ValueError(f"{key}: ds[0] must be a dict with keys {list(ITEM_KEYS)}; got {have}")
+        raise ValueError(f"{key}: ds[0] must be a dict with keys {list(ITEM_KEYS)}; got {have}. Fix: return those "
+                         f"keys from __getitem__ (as rlx.data.dataset.RLDataset does).")
     ids = item["input_ids"]
     if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):
-        raise ValueError(f"{key}: ds[0]['input_ids'] must be a list of token ids (int); got {type(ids).__name__}")
+        raise ValueError(f"{key}: ds[0]['input_ids'] must be a list of token ids (int); got {type(ids).__name__}. "
+                         f"Fix: return the prompt's token ids as a list of int.")
     if len(ids) > cfg.max_prompt_length:
         raise ValueError(f"{key}: ds[0] has {len(ids)} prompt tokens > data.max_prompt_length="
-                         f"{cfg.max_prompt_length}; truncate or filter in the dataset, or raise the limit")
+                         f"{cfg.max_prompt_length}. Fix: truncate or filter in the dataset, or raise "
+                         f"data.max_prompt_length.")
     try:
         batch = ds.collate([item])
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{key}: collate([ds[0]]) failed ({type(e).__name__}: {e})") from e
+        raise ValueError(f"{key}: collate([ds[0]]) failed ({type(e).__name__}: {e}). Fix: collate with "
+                         f"rlx.data.dataset.collate_prompts.") from e
     is_batch = isinstance(batch, Batch)
     shapes = {k: tuple(batch.tensors[k].shape) for k in BATCH_TENSORS if k in batch.tensors} if is_batch else {}
     if not is_batch or any(shapes.get(k) != (1, cfg.max_prompt_length) for k in BATCH_TENSORS) \
             or any(k not in batch.non_tensors for k in NON_TENSOR_KEYS):
         raise ValueError(f"{key}: collate([ds[0]]) must return an rlx.protocol.Batch with tensors {list(BATCH_TENSORS)}"
                          f" of shape [1, data.max_prompt_length={cfg.max_prompt_length}] (left-padded) and non-tensors "
-                         f"{list(NON_TENSOR_KEYS)}; got tensors {shapes} (rlx.data.dataset.collate_prompts does it)")
+                         f"{list(NON_TENSOR_KEYS)}; got tensors {shapes}. Fix: collate with "
+                         f"rlx.data.dataset.collate_prompts, which does it.")

@@ -64,22 +64,22 @@ def _read_parquet(path: str, required: Sequence[str]) -> list[dict]:
     import pyarrow.parquet as pq
 
     if not os.path.exists(path):
-        raise ValueError(f"data file {path!r} does not exist; set data.train_files / data.val_files to existing "
-                         f"parquet files (e.g. made by scripts/prepare_gsm8k.py) or a 'synthetic://digits' source")
+        raise ValueError(f"data file {path!r} does not exist. Fix: set data.train_files / data.val_files to existing "
+                         f"parquet files (e.g. made by scripts/prepare_gsm8k.py) or a 'synthetic://digits' source.")
     if os.path.isdir(path):
-        raise ValueError(f"data file {path!r} is a directory; give the parquet file(s) inside it")
+        raise ValueError(f"data file {path!r} is a directory. Fix: give the parquet file(s) inside it.")
     try:
         table = pq.read_table(path)
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file
-        raise ValueError(f"data file {path!r} is not a readable parquet file ({type(e).__name__}: {e}); "
-                         f"regenerate it (e.g. with scripts/prepare_gsm8k.py)") from e
+        raise ValueError(f"data file {path!r} is not a readable parquet file ({type(e).__name__}: {e}). "
+                         f"Fix: regenerate it (e.g. with scripts/prepare_gsm8k.py).") from e
     missing = [c for c in required if c not in table.column_names]
     if missing:
-        raise ValueError(f"data file {path!r} lacks column(s) {missing} (has {table.column_names}); rows need "
-                         f"verl's format (data_source, prompt, reward_model={{'ground_truth': ...}}, extra_info), "
-                         f"or point data.prompt_key / data.reward_fn_key at the right columns")
+        raise ValueError(f"data file {path!r} lacks column(s) {missing} (has {table.column_names}). Fix: write the "
+                         f"rows in verl's format (data_source, prompt, reward_model={{'ground_truth': ...}}, "
+                         f"extra_info), or point data.prompt_key / data.reward_fn_key at the right columns.")
     if table.num_rows == 0:
-        raise ValueError(f"data file {path!r} has no rows; regenerate it or remove it from the data files")
+        raise ValueError(f"data file {path!r} has no rows. Fix: regenerate it, or remove it from the data files.")
     return table.to_pylist()
 
 
@@ -94,8 +94,8 @@ class RLDataset:
         # the tool agent does at rollout, so a prompt's length (and filter_overlong_prompts) counts them
         self.tool_schemas = list(tool_schemas) if tool_schemas else None
         if not self.files:
-            raise ValueError("no data files given; set data.train_files / data.val_files "
-                             "(parquet paths or e.g. 'synthetic://digits?size=1024&seed=0')")
+            raise ValueError("no data files given. Fix: set data.train_files / data.val_files "
+                             "(parquet paths or e.g. 'synthetic://digits/size:1024/seed:0').")
         self.tokenizer = tokenizer
         self.prompt_key = cfg.prompt_key
         self.reward_fn_key = cfg.reward_fn_key
@@ -108,12 +108,15 @@ class RLDataset:
         self.use_shm = bool(cfg.use_shm)  # verl's data.use_shm: read each file from a copy in /dev/shm
         self.media_keys = {"data.image_key": cfg.image_key, "data.video_key": cfg.video_key}
         if self.truncation not in TRUNCATION_MODES:
-            raise ValueError(f"data.truncation={self.truncation!r}; choose one of {TRUNCATION_MODES}")
+            raise ValueError(f"data.truncation={self.truncation!r} is not valid. Fix: choose one of "
+                             f"{TRUNCATION_MODES}.")
         if self.max_prompt_length <= 0:
-            raise ValueError(f"data.max_prompt_length={self.max_prompt_length} must be positive")
+            raise ValueError(f"data.max_prompt_length={self.max_prompt_length} must be positive. Fix: "
+                             f"data.max_prompt_length=<the longest prompt's tokens>.")
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
-            raise ValueError("the tokenizer has neither a pad nor an eos token; cannot left-pad prompts")
+            raise ValueError("the tokenizer has neither a pad nor an eos token; cannot left-pad prompts. Fix: use a "
+                             "model directory whose tokenizer defines pad_token or eos_token.")
         self.pad_token_id = int(pad)
 
         rows: list[dict] = []
@@ -161,8 +164,8 @@ class RLDataset:
                            self.truncation, n_over, len(rows), self.max_prompt_length)
         if not self._items:
             raise ValueError(f"no prompts left in {self.files} after filtering prompts longer than "
-                             f"data.max_prompt_length={self.max_prompt_length}; raise it or set "
-                             f"data.filter_overlong_prompts=false with data.truncation=left|right|middle")
+                             f"data.max_prompt_length={self.max_prompt_length}. Fix: raise data.max_prompt_length, or "
+                             f"set data.filter_overlong_prompts=false with data.truncation=left|right|middle.")
 
     def _overlong_message(self, over, rows, origins, texts, ids) -> str:
         n, first = self.max_prompt_length, over[0]
@@ -171,7 +174,7 @@ class RLDataset:
         return (f"{len(over)} of {len(rows)} prompts in {files} are longer than data.max_prompt_length={n} tokens "
                 f"(longest {longest}; first: {origins[first]!r} row {first}, {len(ids[first])} tokens, starting "
                 f"{texts[first][:80]!r}) and data.truncation='error'. Fix: data.max_prompt_length={longest}, or "
-                f"data.filter_overlong_prompts=True (drop them), or data.truncation=left|right|middle")
+                f"data.filter_overlong_prompts=True (drop them), or data.truncation=left|right|middle.")
 
     def _check_columns(self, rows: list[dict], origin: str) -> None:
         """The reward column is there (synthetic rows too), and no row carries images or videos (multi-modal data
@@ -179,14 +182,14 @@ class RLDataset:
         if rows and self.reward_fn_key not in rows[0]:
             raise ValueError(f"data file {origin!r} has no column {self.reward_fn_key!r} (data.reward_fn_key); its "
                              f"columns: {sorted(rows[0])}. Fix: data.reward_fn_key=<the column that picks the reward "
-                             f"function> (verl's rows call it data_source)")
+                             f"function> (verl's rows call it data_source).")
         for key, column in self.media_keys.items():
             for i, row in enumerate(rows):
                 value = _plain(row.get(column))
                 if value is not None and not (hasattr(value, "__len__") and len(value) == 0):
                     raise ValueError(f"data file {origin!r}, row {i}: column {column!r} ({key}) holds "
-                                     f"{type(value).__name__} data, but rlx does not support multi-modal data yet; "
-                                     f"remove the column (or its values) to train on the text prompts alone")
+                                     f"{type(value).__name__} data, but rlx does not support multi-modal data yet. "
+                                     f"Fix: remove the column (or its values) to train on the text prompts alone.")
 
     def read_rows(self, path: str) -> list[dict]:
         """The rows of one data file in verl's row format (see the module docstring): a parquet file or a
@@ -208,7 +211,9 @@ class RLDataset:
             return prompt
         if not isinstance(prompt, list) or not all(isinstance(m, dict) and "content" in m for m in prompt):
             raise ValueError(f"data file {origin!r}, row {i}: column {self.prompt_key!r} must be a list of chat "
-                             f"messages [{{'role': 'user', 'content': ...}}] or a string, got {prompt!r:.200}")
+                             f"messages [{{'role': 'user', 'content': ...}}] or a string, got {prompt!r:.200}. "
+                             f"Fix: write each prompt in that form, or point data.prompt_key at the column that "
+                             f"holds it.")
         if self.apply_chat_template and getattr(self.tokenizer, "chat_template", None):
             messages = [{"role": m.get("role") or "user", "content": m["content"]} for m in prompt]
             tools = {"tools": self.tool_schemas} if self.tool_schemas else {}
@@ -226,9 +231,9 @@ class RLDataset:
             left = n // 2
             return tok[:left] + tok[len(tok) - (n - left):]
         raise ValueError(f"data file {origin!r}, row {i}: prompt has {len(tok)} tokens > "
-                         f"data.max_prompt_length={n} (data.truncation='error'); raise data.max_prompt_length, "
-                         f"set data.filter_overlong_prompts=true, or data.truncation=left|right|middle. "
-                         f"Prompt starts: {text[:120]!r}")
+                         f"data.max_prompt_length={n} (data.truncation='error'); the prompt starts {text[:120]!r}. "
+                         f"Fix: raise data.max_prompt_length, set data.filter_overlong_prompts=true, or "
+                         f"data.truncation=left|right|middle.")
 
     # ---- dataset protocol -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -250,7 +255,8 @@ def collate_prompts(items: list[dict], pad_token_id: int, max_prompt_length: int
     for b, item in enumerate(items):
         ids = item["input_ids"]
         if len(ids) > width:
-            raise ValueError(f"prompt of {len(ids)} tokens exceeds data.max_prompt_length={width}")
+            raise ValueError(f"prompt of {len(ids)} tokens exceeds data.max_prompt_length={width}. Fix: raise "
+                             f"data.max_prompt_length, or truncate the prompts (data.truncation=left|right|middle).")
         if ids:
             input_ids[b, width - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
             attention_mask[b, width - len(ids):] = 1
@@ -286,10 +292,12 @@ class PromptLoader:
         self.seed = 0 if seed is None else int(seed)  # data.seed=null: a fixed default seed
         self.drop_last = bool(drop_last)
         if self.batch_size <= 0:
-            raise ValueError(f"batch size must be positive (got {self.batch_size})")
+            raise ValueError(f"batch size must be positive (got {self.batch_size}). Fix: "
+                             f"data.train_batch_size=<prompts per step>.")
         if len(self) == 0:
             raise ValueError(f"batch size {self.batch_size} (data.train_batch_size) exceeds the dataset's "
-                             f"{len(dataset)} prompts with drop_last; use more data or a smaller batch size")
+                             f"{len(dataset)} prompts with drop_last. Fix: use more data, or a smaller "
+                             f"data.train_batch_size.")
         self.epoch = 0
         self.position = 0  # batches of the current epoch already handed out
 

@@ -49,7 +49,7 @@ def builtin_score(data_source, solution_str: str, ground_truth, extra_info=None,
     if data_source in synthetic.REWARDS:
         return synthetic.REWARDS[data_source](solution_str, ground_truth, extra_info=extra_info, **score_kwargs)
     raise ValueError(f"no built-in reward for data_source={data_source!r}; known: {known_data_sources()} (and "
-                     f"aime*). For other data, write a function fn(data_source, solution_str, ground_truth, "
+                     f"aime*). Fix: for other data, write a function fn(data_source, solution_str, ground_truth, "
                      f"extra_info=None, **kwargs) in a .py file and set custom_reward_function.path (and "
                      f"custom_reward_function.name if it is not 'compute_score')")
 
@@ -70,11 +70,11 @@ VERL_REWARD_IMPORTS = {
 
 
 def _verl_import_hint(e: Exception) -> str:
-    """For a reward file that imports verl: what to import from rlx instead."""
+    """The fix for a reward file that fails to import; for one that imports verl: what to import from rlx instead."""
     if not isinstance(e, ModuleNotFoundError) or not (e.name == "verl" or str(e.name).startswith("verl.")):
-        return ""
+        return ". Fix: make the file import on its own (python <the file> shows the error)"
     pairs = "; ".join(f"{v} -> {r}" for v, r in VERL_REWARD_IMPORTS.items())
-    return (f". The file imports verl, which rlx does not install or imitate: import rlx's own functions instead "
+    return (f". The file imports verl, which rlx does not install or imitate. Fix: import rlx's own functions instead "
             f"({pairs}; unbox raises ValueError where verl's remove_boxed asserts), or make verl importable")
 
 
@@ -96,7 +96,7 @@ def load_reward_fn(custom_cfg: CustomRewardFunctionConfig, score_kwargs: dict | 
     name = custom_cfg.name
     path = os.path.expanduser(str(path))
     if not os.path.isfile(path):
-        raise ValueError(f"custom_reward_function.path={path!r} is not a file; give a .py file defining "
+        raise ValueError(f"custom_reward_function.path={path!r} is not a file. Fix: give a .py file defining "
                          f"{name}(data_source, solution_str, ground_truth, extra_info=None, **kwargs)")
     module_name = f"rlx_custom_reward_{abs(hash(os.path.abspath(path)))}"
     try:
@@ -112,7 +112,7 @@ def load_reward_fn(custom_cfg: CustomRewardFunctionConfig, score_kwargs: dict | 
     if not callable(fn):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ValueError(f"custom_reward_function.name={name!r} is not a function in "
-                         f"custom_reward_function.path={path!r}; functions there: {found}")
+                         f"custom_reward_function.path={path!r}. Fix: name one of the functions there: {found}")
     _refuse_reward_loop_judge(fn, path, name)
     if custom_cfg.reward_kwargs:
         fn = functools.partial(fn, **custom_cfg.reward_kwargs)

@@ -102,11 +102,12 @@ def parse_synthetic(path: str) -> tuple[str, dict]:
     query = "&".join(q for q in (query, parsed.query) if q)
     if task not in TASKS:
         raise ValueError(f"data file {path!r}: unknown synthetic task {task!r}; known: "
-                         f"{[SYNTHETIC_PREFIX + t for t in TASKS]} (e.g. 'synthetic://digits/size:1024/seed:0')")
+                         f"{[SYNTHETIC_PREFIX + t for t in TASKS]}. Fix: name one of them, e.g. "
+                         f"'synthetic://digits/size:1024/seed:0'.")
     params = dict(_PARAMS)
     for key, values in parse_qs(query, keep_blank_values=True).items():
         if key not in _PARAMS:
-            raise ValueError(f"data file {path!r}: unknown parameter {key!r}; known: {sorted(_PARAMS)}")
+            raise ValueError(f"data file {path!r}: unknown parameter {key!r}. Fix: use only {sorted(_PARAMS)}.")
         value = values[-1]
         if key == "split":
             params[key] = value
@@ -114,9 +115,10 @@ def parse_synthetic(path: str) -> tuple[str, dict]:
         try:
             params[key] = int(value)
         except ValueError:
-            raise ValueError(f"data file {path!r}: parameter {key}={value!r} must be an integer") from None
+            raise ValueError(f"data file {path!r}: parameter {key}={value!r} must be an integer. Fix: {key}:<an "
+                             f"integer>.") from None
     if params["size"] <= 0 or params["k"] <= 0:
-        raise ValueError(f"data file {path!r}: size and k must be positive")
+        raise ValueError(f"data file {path!r}: size and k must be positive. Fix: e.g. size:1024 (k: 8, the default).")
     return task, params
 
 

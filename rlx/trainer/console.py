@@ -44,3 +44,20 @@ def announce_worker_logs() -> None:
         logs = "<ray temp dir>/session_latest/logs"
     print(f"rlx: worker output (vLLM, FSDP, Ray) goes to {logs}/worker-*.out|err (on each node of a cluster); "
           f"RAY_LOG_TO_DRIVER=1 shows it here", file=sys.stderr, flush=True)
+
+
+def validation_summary(val_history: list[dict], validated_before_training: bool) -> list[str]:
+    """The lines printed when a run ends, one per `val/<data_source>/reward/mean`: `start X -> end Y` when a
+    validation ran before training (trainer.val_before_train or val_only), else the last value alone (a "start"
+    would be a value measured after training)."""
+    if not val_history:
+        return []
+    first, last = val_history[0], val_history[-1]
+    keys = sorted(k for k in last if k.endswith("/reward/mean"))
+    if not validated_before_training:
+        return [f"validation {k}: end {last[k]:.4f} (no validation before training: trainer.val_before_train=False)"
+                for k in keys]
+    if len(val_history) == 1:
+        return [f"validation {k}: {last[k]:.4f}" for k in keys]
+    return [f"validation {k}: start {first[k]:.4f} -> end {last[k]:.4f}" if k in first else
+            f"validation {k}: end {last[k]:.4f}" for k in keys]

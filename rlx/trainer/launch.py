@@ -203,8 +203,6 @@ def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
         stopped = Terminated()
         stopped.step = trainer.global_step
         raise stopped
-    if trainer.val_history:
-        first, last = trainer.val_history[0], trainer.val_history[-1]
-        for key in sorted(k for k in first if k.endswith("/reward/mean")):
-            print(f"validation {key}: start {first[key]:.4f} -> end {last.get(key, float('nan')):.4f}", flush=True)
+    for line in console.validation_summary(trainer.val_history, cfg.trainer.val_before_train or cfg.trainer.val_only):
+        print(line, flush=True)
     return trainer

@@ -230,8 +230,8 @@ def _check_batches(cfg: RLXConfig, train, problems: list[str]) -> None:
     key = "data.gen_batch_size" if cfg.data.gen_batch_size else "data.train_batch_size"
     size = cfg.data.gen_batch_size or cfg.data.train_batch_size
     if len(train) < size:
-        problems.append(f"{key}={size} exceeds the {len(train)} prompts of data.train_files; use more data or a "
-                        f"smaller {key}.")
+        problems.append(f"{key}={size} exceeds the {len(train)} prompts of data.train_files. Fix: use more data or "
+                        f"a smaller {key}.")
 
 
 def _check_reward(cfg: RLXConfig, plan: JobPlan, datasets: list, problems: list[str]):
