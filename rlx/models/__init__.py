@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 BUILTIN_PREFIX = "builtin://"
 _HERE = Path(__file__).parent
-COMPLETE = ".rlx-complete"
+from rlx.models.store import COMPLETE, save_whole
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -111,12 +110,4 @@ def _materialise(spec: dict, target: Path) -> None:
     head = spec.get("head", "causal_lm")  # causal_lm | sequence_classification (a reward model, one label)
     auto = AutoModelForSequenceClassification if head == "sequence_classification" else AutoModelForCausalLM
     model = auto.from_config(config, torch_dtype=torch.float32)
-    # Write into a temp dir and rename, so no process ever sees a half-written model.
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / COMPLETE).touch()
-    if target.exists():  # an incomplete leftover of an interrupted build
-        import shutil
-        shutil.rmtree(target)
-    os.rename(tmp, target)
+    save_whole(model, tokenizer, target)

@@ -10,11 +10,9 @@ other.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-COMPLETE = ".rlx-complete"
+from rlx.models.store import save_whole
 
 
 def load_gguf(gguf_path: str):
@@ -55,24 +53,13 @@ def convert_gguf(gguf_path: str, out_dir: str) -> str:
 
     model, tokenizer = load_gguf(gguf_path)
     plain = _plain_copy(model)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    plain.config.eos_token_id = tokenizer.eos_token_id
+    plain.config.pad_token_id = tokenizer.pad_token_id
+    plain.generation_config = GenerationConfig(bos_token_id=plain.config.bos_token_id,
+                                               eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
     target = Path(out_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-    try:
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        plain.config.eos_token_id = tokenizer.eos_token_id
-        plain.config.pad_token_id = tokenizer.pad_token_id
-        plain.generation_config = GenerationConfig(bos_token_id=plain.config.bos_token_id,
-                                                   eos_token_id=tokenizer.eos_token_id,
-                                                   pad_token_id=tokenizer.pad_token_id)
-        plain.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / COMPLETE).touch()
-        if target.exists():  # an incomplete leftover of an interrupted conversion
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    save_whole(plain, tokenizer, target)
     return str(target)

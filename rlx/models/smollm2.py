@@ -82,7 +82,8 @@ def materialise(cache: Path) -> str:
     """The cached HF directory of SmolLM2-135M-Instruct, downloaded and converted on first use."""
     import fcntl
 
-    from rlx.models.gguf import COMPLETE, convert_gguf
+    from rlx.models.gguf import convert_gguf
+    from rlx.models.store import COMPLETE
 
     target = cache / "models" / f"{NAME}-{GGUF_SHA256[:10]}"
     if (target / COMPLETE).exists():
