@@ -26,9 +26,9 @@ stopping early is not a shortcut. Random policy ~0.02; "all digits" 0.5 + 0.05; 
 ``synthetic/arith`` (for a pretrained instruct model, e.g. builtin://smollm2-135m-instruct). Prompt: a chat message
 asking for one sum of two numbers of 2-3 digits or one product of a 2-digit and a 1-digit number, e.g. ``"What is
 347 + 58?"``, with the instruction to end with ``#### <answer>`` (ARITH_INSTRUCTION). Reward: the GSM8K rule
-(rlx.data.rewards.gsm8k, strict): 1 for the right number after ``#### ``, else 0. Train and held-out rows differ by
-seed (use another seed for validation); the problem space is ~980k sums and ~720 products, so a held-out set of a
-few hundred rarely meets a training problem, and never one of another seed's order.
+(rlx.data.rewards.gsm8k, strict): 1 for the right number after ``#### ``, else 0. One problem in ten (by a hash of
+its question) is held out: ``split:test`` asks only those and ``split:train`` never does, whatever the seeds, so a
+held-out product (of only ~720) is never a training one.
 
 ``synthetic/copy`` (harder, for longer runs). Prompt: 3-5 random digits then ``" ->"``; target = the digits
 without spaces (``"729"``). Reward = mean over the target's positions of ``1.0`` for the right digit,
@@ -74,14 +74,23 @@ def _gen_copy(rng, i, split, k):
     return _row(COPY_SOURCE, " ".join(digits) + " ->", "".join(digits), split, i, k)
 
 
+def _arith_is_test(question: str) -> bool:
+    """One problem in ten is held out: the test split asks only those, the train split never (whatever the seeds)."""
+    import hashlib
+
+    return hashlib.sha256(question.encode()).digest()[0] % 10 == 0
+
+
 def _gen_arith(rng, i, split, k):
-    if rng.random() < 0.5:
-        a, b = int(rng.integers(10, 1000)), int(rng.integers(10, 1000))
-        question, answer = f"What is {a} + {b}?", a + b
-    else:
-        a, b = int(rng.integers(10, 100)), int(rng.integers(2, 10))
-        question, answer = f"What is {a} * {b}?", a * b
-    return _row(ARITH_SOURCE, f"{question} {ARITH_INSTRUCTION}", str(answer), split, i, k)
+    while True:
+        if rng.random() < 0.5:
+            a, b = int(rng.integers(10, 1000)), int(rng.integers(10, 1000))
+            question, answer = f"What is {a} + {b}?", a + b
+        else:
+            a, b = int(rng.integers(10, 100)), int(rng.integers(2, 10))
+            question, answer = f"What is {a} * {b}?", a * b
+        if _arith_is_test(question) == (split == "test"):
+            return _row(ARITH_SOURCE, f"{question} {ARITH_INSTRUCTION}", str(answer), split, i, k)
 
 
 TASKS = {"digits": _gen_digits, "copy": _gen_copy, "arith": _gen_arith}
