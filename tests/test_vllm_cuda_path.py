@@ -24,6 +24,7 @@ def _rollout(rank=0, world_size=4, tp=2, device="cuda", vllm_version="0.22.0", *
     r.cfg = RolloutConfig(**base)
     r.model_path, r.device, r.dtype, r.trust_remote_code = "/nonexistent", device, "bfloat16", False
     r.ignore_eos = r.cfg.ignore_eos
+    r.tied_head = False
     r.rank, r.world_size, r.tp, r.dp_rank = rank, world_size, tp, rank // tp
     r.max_prompt_length, r.max_response_length = 16, 32
     r.free_cache_engine, r.sleep_level, r._asleep = base["free_cache_engine"], 1, set()
