@@ -1,0 +1,150 @@
+"""The `e2e` marker, applied at collection: a test that starts Ray or any other process (a training job, FSDP ranks
+spawned over gloo, a subprocess, vLLM) is e2e; every other test is a unit test that runs in this process, and
+`make test-fast` runs those alone (`pytest -m "not e2e"`).
+
+Which tests are e2e is read from the test files themselves (`ast`, nothing is imported), so a new test needs no
+list to be kept: a test is e2e when its function, a fixture it takes, or a function of its module (or of a helper
+module of tests/ or scripts/) that it calls, directly or through others, names one of `HEAVY_NAMES` (`fit_job`,
+`ray_local`, `spawn_per_strategy`, `subprocess`, `ray`, `Tracker`, ...) or asks `pytest.importorskip("vllm")`. A
+test marked `slow`, or `e2e` by hand, is e2e too.
+
+Under `make test-fast` (RLX_TEST_FAST=1) a test left unmarked that starts a process anyway fails, naming this file:
+the fast set stays what it says.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import multiprocessing.process
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+HELPER_DIRS = (TESTS, TESTS.parent / "scripts")  # where a test's own helper modules live (read, never imported)
+
+# Names (a variable, an attribute, an import) whose use starts Ray or another process.
+HEAVY_NAMES = frozenset({
+    "ray", "ray_local", "fit_job", "RayPPOTrainer", "init_workers",  # Ray, and the jobs that run on it
+    "spawn_per_strategy", "spawn", "start_processes", "multiprocessing",  # FSDP ranks in processes of their own
+    "subprocess", "Popen", "check_output", "torchrun",  # a command line
+    "vllm", "LLM",  # vLLM's engine (in-process on CPU, but it starts its own workers elsewhere and is slow)
+    "Tracker",  # the run's loggers: the wandb and swanlab SDKs run git and a service process
+})
+# Fixtures of tests/conftest.py that start something (the module's own fixtures are read like any function).
+HEAVY_FIXTURES = frozenset({"ray_local"})
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Every name a function's code uses: variables, attributes (also as `module.attr`), imported modules and
+    names, the first argument of `importorskip`."""
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+            if isinstance(n.value, ast.Name):
+                out.add(f"{n.value.id}.{n.attr}")
+        elif isinstance(n, ast.alias):
+            out.update(n.name.split("."))
+        elif isinstance(n, ast.ImportFrom) and n.module:
+            out.update(n.module.split("."))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "importorskip" \
+                and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str):
+            out.add(n.args[0].value.split(".")[0])
+    return out
+
+
+def _helper(module: str) -> Path | None:
+    for folder in HELPER_DIRS:
+        if (folder / f"{module}.py").is_file():
+            return folder / f"{module}.py"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def heavy_functions(path: Path) -> frozenset[str]:
+    """The functions (and fixtures, methods by name) of one test file that start a process, directly or through the
+    file's other functions or the heavy functions of the helper modules (tests/, scripts/) it imports."""
+    if path in _READING:  # helper modules that import each other
+        return frozenset()
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return frozenset()
+    _READING.add(path)
+    try:
+        return _heavy(tree)
+    finally:
+        _READING.discard(path)
+
+
+_READING: set[Path] = set()
+
+
+def _heavy(tree: ast.Module) -> frozenset[str]:
+    uses: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            uses.setdefault(node.name, set()).update(_names(node))
+            uses[node.name].update(a.arg for a in node.args.args)  # fixtures it takes
+    imported = set()  # `name` (from helper import name) or `alias.name` (import helper as alias) heavy there
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and _helper(node.module):
+            there = heavy_functions(_helper(node.module))
+            imported.update(a.asname or a.name for a in node.names if a.name in there)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if _helper(a.name):
+                    imported.update(f"{a.asname or a.name}.{f}" for f in heavy_functions(_helper(a.name)))
+    heavy = {name for name, used in uses.items() if used & (HEAVY_NAMES | HEAVY_FIXTURES | imported)}
+    changed = True
+    while changed:  # through the module's own helpers, to a fixed point
+        changed = False
+        for name, used in uses.items():
+            if name not in heavy and used & heavy:
+                heavy.add(name)
+                changed = True
+    return frozenset(heavy | imported)
+
+
+def is_e2e(item) -> bool:
+    if item.get_closest_marker("slow") or item.get_closest_marker("e2e"):
+        return True
+    path = Path(str(item.fspath))
+    if path.suffix != ".py":
+        return False
+    heavy = heavy_functions(path)
+    function = getattr(item, "originalname", None) or item.name.split("[")[0]
+    return function in heavy or bool(set(getattr(item, "fixturenames", ())) & (heavy | HEAVY_FIXTURES))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: starts Ray or another process (applied by tests/markers.py); "
+                                       "make test-fast runs the others")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_e2e(item):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_process(request, monkeypatch):
+    """Under `make test-fast`: a test not marked e2e that starts a process fails, saying so."""
+    if not os.environ.get("RLX_TEST_FAST") or request.node.get_closest_marker("e2e"):
+        yield
+        return
+
+    def refuse(*args, **kwargs):
+        pytest.fail(f"{request.node.nodeid} starts a process but is not marked e2e: tests/markers.py did not see "
+                    f"it (add the name it starts the process with to HEAVY_NAMES, or mark it @pytest.mark.e2e)",
+                    pytrace=True)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    yield
