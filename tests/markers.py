@@ -1,6 +1,8 @@
 """The `e2e` marker, applied at collection: a test that starts Ray or any other process (a training job, FSDP ranks
 spawned over gloo, a subprocess, vLLM) is e2e; every other test is a unit test that runs in this process, and
-`make test-fast` runs those alone (`pytest -m "not e2e"`).
+`make test-fast` runs those alone (`pytest -m "not e2e and not long and not gpu"`), less the few marked `long`:
+tests that run in this process but take seconds each (whole models trained or generated, vLLM's engine), listed in
+`LONG`.
 
 Which tests are e2e is read from the test files themselves (`ast`, nothing is imported), so a new test needs no
 list to be kept: a test is e2e when its function, a fixture it takes, or a function of its module (or of a helper
@@ -33,6 +35,22 @@ HEAVY_NAMES = frozenset({
     "vllm", "LLM",  # vLLM's engine (in-process on CPU, but it starts its own workers elsewhere and is slow)
     "Tracker",  # the run's loggers: the wandb and swanlab SDKs run git and a service process
 })
+# Tests that start no process but take seconds each on 2 cores (the rest of the fast set takes ~0.2 s a test):
+# `long`, which `make test-fast` skips too so that it stays under 3 minutes. A test file, or file::function (every
+# parameter of it). tests/test_hygiene.py checks that each entry names a test that exists.
+LONG = {
+    "test_ops.py::test_tiled_mlp_model_bitwise": "a tiny model trained under four schemes, compared bit for bit",
+    "test_ops.py::test_tiled_mlp_module_rowwise_bitwise": "tiled MLP forward and backward over many tile sizes",
+    "test_tiled_layer.py::test_tiled_layers_bitwise": "a tiny model's update with tiled layers, bit for bit",
+    "test_tiled_layer.py::test_tiled_layers_bf16_close": "the same in bf16",
+    "test_offload.py::test_rebuild_pointwise_bitwise": "offloaded training steps compared bit for bit",
+    "test_offload.py::test_pool_does_not_grow": "60 offloaded micro-batches",
+    "test_offload.py::test_rebuild_never_reads_saved_tensors_of_other_hooks": "offloaded training steps",
+    "test_agent_loop.py::test_async_single_turn_equals_sync": "HF generation, sync and async",
+    "test_sft_tool_format.py::test_warm_start_learns_a_parsable_tool_call": "fine-tunes until the model learns",
+    "test_triton_head.py::test_triton_equals_torch_backend_fp32": "Triton's interpreter on the CPU",
+    "test_vllm_rollout.py": "vLLM's engine in this process",
+}
 # Fixtures of tests/conftest.py that start something (the module's own fixtures are read like any function).
 HEAVY_FIXTURES = frozenset({"ray_local"})
 
@@ -122,21 +140,31 @@ def is_e2e(item) -> bool:
     return function in heavy or bool(set(getattr(item, "fixturenames", ())) & (heavy | HEAVY_FIXTURES))
 
 
+def is_long(item) -> bool:
+    name = Path(str(item.fspath)).name
+    function = getattr(item, "originalname", None) or item.name.split("[")[0]
+    return name in LONG or f"{name}::{function}" in LONG
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: starts Ray or another process (applied by tests/markers.py); "
                                        "make test-fast runs the others")
+    config.addinivalue_line("markers", "long: starts no process but takes seconds (tests/markers.py LONG); "
+                                       "make test-fast skips it too")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_e2e(item):
             item.add_marker(pytest.mark.e2e)
+        elif is_long(item):
+            item.add_marker(pytest.mark.long)
 
 
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_process(request, monkeypatch):
     """Under `make test-fast`: a test not marked e2e that starts a process fails, saying so."""
-    if not os.environ.get("RLX_TEST_FAST") or request.node.get_closest_marker("e2e"):
+    if not os.environ.get("RLX_TEST_FAST") or any(request.node.get_closest_marker(m) for m in ("e2e", "gpu")):
         yield
         return
 

@@ -1,5 +1,5 @@
 """The test suite's own rules: `importorskip` only for optional extras, and the `e2e` marker (tests/markers.py) finds
-the tests that start a process, so that `make test-fast` runs none of them."""
+the tests that start a process, so that `make test-fast` runs none of them; its `long` list names real tests."""
 from __future__ import annotations
 
 import ast
@@ -116,3 +116,12 @@ def test_known_files_are_classified():
 def _test_names(path: Path) -> set[str]:
     return {n.name for n in ast.walk(ast.parse(path.read_text()))
             if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+
+
+def test_each_long_entry_names_a_test():
+    for entry in markers.LONG:
+        name, _, function = entry.partition("::")
+        path = TESTS / name
+        assert path.is_file(), f"markers.LONG names {name}, which is not a test file. Fix: correct or drop it"
+        if function:
+            assert function in _test_names(path), f"markers.LONG names {entry}, which does not exist. Fix: correct it"
