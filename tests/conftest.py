@@ -12,6 +12,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+pytest_plugins = ["markers"]  # the e2e marker (tests/markers.py): make test-fast runs the tests without it
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = "quickstart"
 

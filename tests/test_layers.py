@@ -1,4 +1,4 @@
-"""Layers point one way: no module of rlx imports one of a higher layer (STYLE.md, "Layers point one way").
+"""Layers point one way: no module of rlx imports one of a higher layer (README.md, "A tour of the code").
 
 Every module under rlx/ is parsed with `ast` (no import runs); each `import` / `from ... import` of an rlx module,
 at the top of a file or inside a function, is checked against the layer table below. A new package must be given

@@ -10,8 +10,6 @@ import pytest
 import torch
 from conftest import spawn_per_strategy
 
-pytest.importorskip("peft")
-
 WORLD = 2
 PROMPT, RESP = 4, 40  # 2 rows x 44 tokens per micro-batch: tiled in tiles of 16
 OFFLOAD = dict(pin_memory=False, min_tensor_bytes=0)

@@ -10,8 +10,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-pytest.importorskip("peft")
-
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 
 

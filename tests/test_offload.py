@@ -17,7 +17,7 @@ from torch import nn
 from rlx.offload import ActivationOffloadConfig, apply_activation_offload, find_decoder_layers
 from conftest import free_port as _free_port
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402 - a dependency of rlx (pyproject), never skipped
 
 CFG0 = ActivationOffloadConfig(min_tensor_bytes=0, keep_last_layers=1, offload_head=False, pin_memory=False)
 DEFAULTS = ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False)  # the defaults, every tensor offloaded

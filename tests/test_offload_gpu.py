@@ -17,7 +17,7 @@ from rlx.offload import ActivationOffloadConfig, apply_activation_offload
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402 - a dependency of rlx (pyproject), never skipped
 
 
 def qwen2(layers=6, seed=0, attn="eager", dtype=torch.float32):

@@ -22,7 +22,7 @@ from rlx.algos import core_algos
 from rlx.ops import apply_tiled_mlp, log_probs_from_hidden
 from conftest import free_port as _free_port
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402 - a dependency of rlx (pyproject), never skipped
 
 
 # ================================================================ fused (chunked) log-prob head

@@ -82,7 +82,6 @@ def _check_layered(rank: int, strategy: str, root: str):
 
 
 def test_layered_summon_same_weights_one_unit_at_a_time(tmp_path):
-    pytest.importorskip("peft")
     spawn_per_strategy(_check_layered, str(tmp_path), WORLD)
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from rlx.ops import apply_tiled_layers
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402 - a dependency of rlx (pyproject), never skipped
 
 TILE = 96  # tokens per layer tile; 2 x 150 = 300 tokens: tiles 96, 96, 96 and a 12-token tile in a 32-row window
 

@@ -320,7 +320,6 @@ def _vllm_weights(rollout) -> dict:
 def test_layered_summon_lora_fsdp1_sync_equals_whole_model_sync(state):
     """rollout.layered_summon: an FSDP1 actor with trained LoRA adapters, synced one FSDP unit at a time, leaves
     vLLM with exactly the weights (and greedy tokens) of the whole-model sync."""
-    pytest.importorskip("peft")
     from rlx.config.schema import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
     from rlx.engine.actor import ActorEngine
 

@@ -1111,7 +1111,8 @@ NO_OP_BY_DESIGN.update(profiler.NO_OP_BY_DESIGN)  # options of the refused nsys/
 
 # The keys whose rlx default is not verl 0.9.1's (every other key shared with verl has verl's default; the test
 # tests/test_verl_defaults.py holds verl's values). Each one changes speed, memory or what is written to disk, never
-# what is trained; README.md shows this list. Values are {key: (rlx default, verl default, reason)}.
+# what is trained; docs/config_keys.md and docs/reference.md show this list (scripts/gen_docs.py). Values are
+# {key: (rlx default, verl default, reason)}.
 VERL_DEFAULT_EXCEPTIONS: dict[str, tuple[Any, Any, str]] = {
     "actor_rollout_ref.actor.strategy": (
         "fsdp2", "fsdp", "FSDP2 (fully_shard) shards the same model and computes the same gradients as FSDP1, with "

@@ -1,0 +1,137 @@
+"""The test suite's own rules: `importorskip` only for optional extras, and the `e2e` marker (tests/markers.py) finds
+the tests that start a process, so that `make test-fast` runs none of them; its `long` list names real tests."""
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from pathlib import Path
+
+import markers
+from conftest import REPO
+
+TESTS = Path(REPO) / "tests"
+
+
+def required_dependencies() -> set[str]:
+    """The import names of pyproject's `dependencies` (not the optional extras)."""
+    text = (Path(REPO) / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1)
+    names = {re.split(r"[<>=\[ ;]", q, maxsplit=1)[0].lower() for q in re.findall(r'"([^"]+)"', block)}
+    return {n.replace("-", "_") for n in names} | {"torch", "pytest"}
+
+
+def test_importorskip_only_for_optional_extras():
+    required = required_dependencies()
+    bad = []
+    for path in sorted(TESTS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "importorskip" and node.args \
+                    and isinstance(node.args[0], ast.Constant):
+                module = str(node.args[0].value).split(".")[0]
+                if module in required:
+                    bad.append(f"{path.name}:{node.lineno} importorskip({module!r})")
+    assert not bad, (f"{bad}: these are dependencies of rlx (pyproject.toml), so a missing one is a broken install "
+                     f"that must fail, not skip. Fix: import them plainly.")
+
+
+def _write(tmp_path, name, source):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def test_e2e_is_found_through_helpers_fixtures_and_helper_modules(tmp_path, monkeypatch):
+    monkeypatch.setattr(markers, "HELPER_DIRS", (tmp_path,))
+    markers.heavy_functions.cache_clear()
+    _write(tmp_path, "helper_mod.py", """
+        import subprocess
+        def run_cli(args):
+            return subprocess.run(args)
+        def pure(x):
+            return x + 1
+    """)
+    path = _write(tmp_path, "test_sample.py", """
+        import pytest
+        from conftest import fit_job, spawn_per_strategy
+        from helper_mod import run_cli, pure
+        import helper_mod as h
+
+        def _train(tmp):
+            return fit_job([], tmp)
+
+        def _twice(tmp):
+            return _train(tmp), _train(tmp)
+
+        @pytest.fixture(scope="module")
+        def history(tmp_path_factory):
+            return _twice(tmp_path_factory.mktemp("x"))
+
+        def test_math():
+            assert pure(1) == 2
+
+        def test_through_helpers(tmp_path):
+            _twice(tmp_path)
+
+        def test_through_fixture(history):
+            assert history
+
+        def test_on_ray(ray_local):
+            pass
+
+        def test_ranks(tmp_path):
+            spawn_per_strategy(print, str(tmp_path))
+
+        def test_cli():
+            run_cli(["true"])
+
+        def test_vllm():
+            pytest.importorskip("vllm")
+
+        def test_vllm_rollout():
+            from rlx.workers.rollout import build_rollout
+            build_rollout("vllm", model_path="m")
+
+        def test_hf_rollout():
+            from rlx.workers.rollout import build_rollout
+            build_rollout("hf", model_path="m")
+
+        def test_module_attr():
+            h.run_cli(["true"])
+
+        def test_module_pure():
+            assert h.pure(1) == 2
+
+        def test_loggers():
+            from rlx.trainer.tracking import Tracker
+            Tracker(None, "logs")
+    """)
+    heavy = markers.heavy_functions(path)
+    markers.heavy_functions.cache_clear()
+    assert "test_math" not in heavy and "pure" not in heavy
+    assert {"_train", "_twice", "history", "test_through_helpers", "test_ranks", "test_cli", "test_vllm"} <= heavy
+    assert "test_through_fixture" in heavy and "run_cli" in heavy  # the fixture it takes; the helper module's
+    assert "test_on_ray" in heavy
+    assert {"test_module_attr", "test_loggers", "test_vllm_rollout"} <= heavy
+    assert not {"test_module_pure", "test_hf_rollout"} & heavy
+
+
+def test_known_files_are_classified():
+    """Spot checks on the real suite: an end-to-end file is all e2e, a pure-math file has none."""
+    assert _test_names(TESTS / "test_e2e.py") <= markers.heavy_functions(TESTS / "test_e2e.py")
+    assert not _test_names(TESTS / "test_core_algos.py") & markers.heavy_functions(TESTS / "test_core_algos.py")
+
+
+def _test_names(path: Path) -> set[str]:
+    return {n.name for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+
+
+def test_each_long_entry_names_a_test():
+    for entry in [*markers.LONG, *markers.E2E]:
+        name, _, function = entry.partition("::")
+        path = TESTS / name
+        assert path.is_file(), f"markers.LONG/E2E names {name}, which is not a test file. Fix: correct or drop it"
+        if function:
+            assert function in _test_names(path), f"markers.LONG/E2E names {entry}, which does not exist. Fix: " \
+                                                  f"correct it"
