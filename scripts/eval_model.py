@@ -39,16 +39,16 @@ def load_rows(task: str, data: str | None, limit: int | None, prompt_style: str)
 
 
 def generate(model: str, prompts: list[str], engine: str, max_tokens: int) -> list[str]:
+    import torch
+
     if engine == "vllm":
         from vllm import LLM, SamplingParams
 
-        import torch
         util = 0.3 if torch.cuda.is_available() else 0.2
         llm = LLM(model=model, dtype="bfloat16", enforce_eager=True, seed=0,
                   max_model_len=2048, gpu_memory_utilization=util)
         outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))
         return [o.outputs[0].text for o in outs]
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)

@@ -35,6 +35,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import matplotlib
     matplotlib.use("Agg")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from val_summary import summarise
+
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
@@ -44,9 +47,6 @@ def main(argv=None) -> int:
         records = read(path)
         for ax, (title, get) in zip(axes.flat, PANELS):
             if "validation" in title and val_dir:
-                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-                from val_summary import summarise
-
                 if val_dir.endswith(".json"):  # val_summary.py --json of one run
                     rows = next(iter(json.load(open(val_dir)).values()))
                 else:

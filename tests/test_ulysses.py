@@ -102,15 +102,22 @@ def _summed_losses(losses):
     return {k: float(v) for k, v in zip(sorted(losses), t)}
 
 
-def _exactness_worker(rank, world, port, strategy, sps, cases, device_type="cpu"):
+def _init_rank(rank, world, port, device_type):
+    """This rank's device and process group: on CUDA one GPU per rank over NCCL, in fp32 without TF32 (so the
+    tolerances are the CPU ones); else gloo on the CPU."""
     device = torch.device("cpu")
-    if device_type == "cuda":  # one GPU per rank, NCCL; fp32 (no TF32) so that the tolerance is the CPU one
+    if device_type == "cuda":
         torch.cuda.set_device(rank)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         device = torch.device("cuda", rank)
     torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo",
                                          init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
+    return device
+
+
+def _exactness_worker(rank, world, port, strategy, sps, cases, device_type="cpu"):
+    device = _init_rank(rank, world, port, device_type)
     import rlx.ops.tiled_layer as tl
     tiled_backwards, orig = [0], tl._TiledLayer.backward
 
@@ -282,14 +289,7 @@ def _bf16_logprob_worker(rank, world, port, device_type, out_file):
     """The actor's log-probs of one batch at fp32 SP=1 (the reference), bf16 SP=1 and bf16 SP=2 (FSDP2, bf16 mixed
     precision as a GPU job runs it; offload + checkpointing + tiled decoder layers + fused head; sequences of a
     few hundred tokens); rank 0 saves them in row order."""
-    device = torch.device("cpu")
-    if device_type == "cuda":  # no TF32: the reference is fp32
-        torch.cuda.set_device(rank)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        device = torch.device("cuda", rank)
-    torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo",
-                                         init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    torch.set_num_threads(1)
+    device = _init_rank(rank, world, port, device_type)
     try:
         from rlx.engine.actor import ActorEngine
 
