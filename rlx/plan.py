@@ -9,9 +9,9 @@ the config again and again:
   algorithm.use_kl_in_reward); the critic for GAE; the reward model when it scores (verl's precedence: unless a
   custom reward function is given, which a generative judge runs next to); the judge and its engine;
 - the placement: resource pools by name (nodes x GPUs per node, one bundle per GPU) and the pool each worker group
-  goes to. Today that is verl's colocated layout, one pool `trainer` shared by every group, plus the reward model's
-  own pool with reward_model.enable_resource_pool. A disaggregated rollout (GPUs of its own) is one more pool here,
-  `rollout`, with the rollout's worker group mapped to it.
+  goes to. verl's colocated layout is one pool `trainer` shared by every group, plus the reward model's own pool
+  with reward_model.enable_resource_pool. A disaggregated rollout (actor_rollout_ref.hybrid_engine=False) is one more
+  pool, `rollout`, with the rollout workers' group mapped to it, and `async_` says how far it runs ahead.
 
 It is built on the driver from the validated config (trainer.device already resolved, rlx.config.device), before
 Ray starts, and handed down: the trainer builds the pools and groups it names, every worker gets it with its config
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from rlx.config.agent import uses_agent_loop
+from rlx.config.async_training import uses_rollout_log_probs
 from rlx.config.device import vllm_available
 from rlx.config.roles import ENGINES, HF, VLLM, Engine, Roles, plan_roles, reward_model_pool, vllm_missing
 from rlx.config.schema import RLXConfig
@@ -40,8 +41,10 @@ __all__ = ["ENGINES", "HF", "VLLM", "Engine", "Roles", "JobPlan", "make_plan", "
 ACTOR_GROUP = "actor_rollout_ref"
 CRITIC_GROUP = "critic"
 REWARD_MODEL_GROUP = "reward_model"
+ROLLOUT_GROUP = "rollout"
 TRAINER_POOL = "trainer"
 REWARD_MODEL_POOL = "reward_model"
+ROLLOUT_POOL = "rollout"
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,27 @@ class RolloutPlan:
     """The agent loop runs the rollout (mode=async, or rollout.multi_turn.enable)."""
     note: str | None = None
     """Why the engine is not the one asked for (rollout.name=auto without vLLM), said once when the job starts."""
+    disaggregated: bool = False
+    """The engines run in rollout workers on the `rollout` pool (actor_rollout_ref.hybrid_engine=False), not in
+    the actor's worker; weights go from the trainer pool to them over a process group spanning both."""
+
+
+@dataclass(frozen=True)
+class AsyncPlan:
+    """How the disaggregated rollout runs ahead of the trainer (rlx.config.async_training)."""
+    staleness: int
+    """The bound in policy versions (and batches generated ahead): ceil(async_training.staleness_threshold)."""
+    sync_every: int
+    """Training steps per weight sync (async_training.trigger_parameter_sync_step): one policy version."""
+    partial_rollout: bool
+    """Generation in flight pauses at a sync and goes on with the new weights (segments of `segment` tokens)."""
+    segment: int
+    """Tokens per generation segment with partial_rollout."""
+    rollout_log_probs_as_old: bool
+    """The rollout's log-probs are the old log-probs (bypass); else the trainer recomputes them."""
+    default_is_correction: bool
+    """Token-level truncated importance sampling is switched on because the rollout lags (staleness > 0) and
+    algorithm.rollout_correction.rollout_is was not set."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +146,8 @@ class JobPlan:
     """The judge's engine when roles.judge, else None."""
     placement: Placement
     """Pools and the pool of each worker group."""
+    async_: AsyncPlan | None = None
+    """The overlap of rollout and training when the rollout has GPUs of its own (rollout.disaggregated), else None."""
 
     @property
     def uses_vllm(self) -> bool:
@@ -159,8 +185,9 @@ def make_plan(cfg: RLXConfig, vllm_installed: Callable[[], bool] = vllm_availabl
     """The plan of a validated config (trainer.device resolved)."""
     r, t = cfg.actor_rollout_ref.rollout, cfg.trainer
     engine, note = resolve_engine(r.name, vllm_installed)
+    disaggregated = not cfg.actor_rollout_ref.hybrid_engine
     rollout = RolloutPlan(engine=engine, tensor_parallel_size=_tp(engine, r.tensor_model_parallel_size),
-                          mode=r.mode, agent_loop=uses_agent_loop(r), note=note)
+                          mode=r.mode, agent_loop=uses_agent_loop(r), note=note, disaggregated=disaggregated)
     roles = plan_roles(cfg)
     judge = None
     if roles.judge:
@@ -176,5 +203,16 @@ def make_plan(cfg: RLXConfig, vllm_installed: Callable[[], bool] = vllm_availabl
         if own is not None:
             pools[REWARD_MODEL_POOL] = Pool(*own)
         groups[REWARD_MODEL_GROUP] = REWARD_MODEL_POOL if own is not None else TRAINER_POOL
+    async_plan = None
+    if disaggregated:
+        pools[ROLLOUT_POOL] = Pool(cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node)
+        groups[ROLLOUT_GROUP] = ROLLOUT_POOL
+        a = cfg.async_training
+        bypass = uses_rollout_log_probs(cfg) or cfg.algorithm.rollout_correction.bypass_mode
+        async_plan = AsyncPlan(staleness=a.staleness_batches, sync_every=a.trigger_parameter_sync_step,
+                               partial_rollout=a.partial_rollout, segment=a.partial_rollout_segment,
+                               rollout_log_probs_as_old=bypass,
+                               default_is_correction=(a.staleness_batches > 0 and not bypass
+                                                      and cfg.algorithm.rollout_correction.rollout_is is None))
     placement = Placement(device=t.device, pools=pools, groups=groups)
-    return JobPlan(rollout=rollout, roles=roles, judge=judge, placement=placement)
+    return JobPlan(rollout=rollout, roles=roles, judge=judge, placement=placement, async_=async_plan)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlx.config.agent import AgentLoopConfig, MultiTurnConfig
+from rlx.config.async_training import AsyncTrainingConfig, RolloutPoolConfig
 from rlx.config.offload import ActivationOffloadConfig
 from rlx.config.judge import RewardJudgeConfig
 from rlx.config.reward import ENGINE_ONLY, JUDGE_ENGINE, RewardModelRolloutConfig, RewardSection, SandboxFusionConfig
@@ -541,7 +542,8 @@ class RolloutConfig:
 @dataclass
 class ActorRolloutRefConfig:
     hybrid_engine: bool = True
-    """Actor, rollout and ref share one worker (the only mode: False is not supported)."""
+    """Actor, rollout and ref share one worker and its GPUs (verl's colocated layout). False: the rollout runs on
+    GPUs of its own (the top-level rollout section) and overlaps training (async_training; rlx.config.async_training)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -976,6 +978,10 @@ class RLXConfig:
     """Ray."""
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
     """Profiling: which steps, which tool, where the traces go (each role's profiler key says which ranks)."""
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    """The rollout's own GPUs with actor_rollout_ref.hybrid_engine=False (verl's disaggregated recipes)."""
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    """How far the disaggregated rollout runs ahead of the trainer (staleness bound, sync period, partial rollout)."""
 
 
 # verl keys that exist for compatibility but are not implemented: key -> the only accepted value.
@@ -991,7 +997,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.rollout.trace.backend": None,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.actor.optim.total_training_steps": -1,
-    "actor_rollout_ref.hybrid_engine": True,
     "actor_rollout_ref.ref.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": False,  # the ref has no optimizer
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": False,

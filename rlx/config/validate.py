@@ -12,6 +12,7 @@ import os
 from rlx.algos.advantages import ADV_ESTIMATORS
 from rlx.algos.core_algos import KL_CTRL_TYPES, KL_PENALTY_TYPES as KL_TYPES, LOSS_AGG_MODES
 from rlx.algos.policy_losses import LOSS_MODES
+from rlx.config.async_training import check_async_training
 from rlx.config.deprecated import DIVIDED_BY, data_parallel_size
 from rlx.config.profiler import TORCH_CONTENTS
 from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, NOT_SUPPORTED_REASONS, RLXConfig
@@ -932,6 +933,10 @@ def _check_device(cfg, errors):
         errors.append(f"trainer.nnodes={t.nnodes} needs a Ray cluster of that many nodes; this run starts a local "
                       f"Ray. Fix: ray_init.address=<head-ip>:6379 (or submit it with `ray job submit`), or "
                       f"trainer.nnodes=1.")
+    elif not cfg.actor_rollout_ref.hybrid_engine and t.n_gpus_per_node + cfg.rollout.n_gpus_per_node > gpus:
+        errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} + rollout.n_gpus_per_node="
+                      f"{cfg.rollout.n_gpus_per_node} (actor_rollout_ref.hybrid_engine=False: the rollout's own GPUs) "
+                      f"but this machine has {gpus} GPU(s). Fix: fewer GPUs for either.")
     elif t.n_gpus_per_node > gpus:
         errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} but this machine has {gpus} GPU(s). Fix: "
                       f"trainer.n_gpus_per_node={gpus}.")
@@ -1031,6 +1036,7 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_profiler(cfg, errors)
     _check_device(cfg, errors)
     _check_output_paths(cfg, errors)
+    errors += check_async_training(cfg)
     if errors:
         # de-duplicate, keep order
         seen = list(dict.fromkeys(errors))

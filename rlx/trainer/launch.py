@@ -187,7 +187,15 @@ def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
         finally:
             reclaim_sigterm()
         console.announce_worker_logs()
-        trainer = RayPPOTrainer(cfg, plan, inputs)
+        if plan.async_ is not None:  # the rollout on GPUs of its own, overlapped with training
+            from rlx.trainer.async_trainer import AsyncPPOTrainer
+
+            trainer = AsyncPPOTrainer(cfg, plan, inputs)
+            log.info("rollout pool: %d rank(s), staleness bound %d, sync every %d step(s)%s",
+                     plan.placement.pools["rollout"].world_size, plan.async_.staleness, plan.async_.sync_every,
+                     ", partial rollout" if plan.async_.partial_rollout else "")
+        else:
+            trainer = RayPPOTrainer(cfg, plan, inputs)
         trainer.history = trainer.fit()
     except (Terminated, KeyboardInterrupt) as e:
         e.step = trainer.global_step if trainer is not None else None

@@ -122,7 +122,7 @@ class RayPPOTrainer:
         pf_ppo = (pf.reweight_method, pf.weight_pow)
         self.pf_ppo = pf_ppo if cfg.algorithm.use_pf_ppo and self.use_critic else None  # verl: after GAE only
         rc = cfg.algorithm.rollout_correction
-        self.bypass = rc.bypass_mode
+        self.old_from_rollout = rc.bypass_mode  # the rollout's log-probs are the old ones (no recompute)
         self.rollout_corr = dict(rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
                                  rollout_is_batch_normalize=rc.rollout_is_batch_normalize, rollout_rs=rc.rollout_rs,
                                  rollout_rs_threshold=rc.rollout_rs_threshold)
@@ -223,38 +223,49 @@ class RayPPOTrainer:
         metrics: dict[str, float] = {}
         with timed("step", timing):
             batch = self.sample(prompts, metrics, timing)
-            batch = self.balance_batch(batch, metrics)
-            if self.bypass:  # rollout_correction.bypass_mode: the rollout's log-probs are the old ones (no pass)
-                batch.tensors["old_log_probs"] = batch["rollout_log_probs"]
-            else:
-                with timed("old_log_prob", timing):
-                    batch = batch.union(worker_metrics(self.actor.compute_log_prob(batch), metrics))
-            if "rollout_log_probs" in batch and not self.bypass:
-                metrics.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"],
-                                                  batch["response_mask"]))
-            if self.use_ref:
-                with timed("ref", timing):
-                    batch = batch.union(worker_metrics(self.actor.compute_ref_log_prob(batch), metrics))
-            if self.use_critic:
-                with timed("values", timing):
-                    batch = batch.union(worker_metrics(self.critic.compute_values(batch), metrics))
-            with timed("adv", timing):
-                self.compute_advantage(batch, metrics)
-            batch = self.pf_ppo_resample(batch)
-            if self.use_critic:
-                with timed("update_critic", timing):
-                    metrics.update(self.critic.update(batch))
-            if self.global_step > self.cfg.trainer.critic_warmup:
-                with timed("update_actor", timing):
-                    metrics.update(self.actor.update(batch))
+            batch = self.update(batch, metrics, timing)
+        return self.step_metrics(batch, metrics, timing)
+
+    def update(self, batch: Batch, metrics: dict, timing: dict) -> Batch:
+        """Everything after the rollout: old log-probs, ref, values, advantages, then the critic's and the actor's
+        updates; returns the batch as trained on."""
+        batch = self.balance_batch(batch, metrics)
+        if self.old_from_rollout:  # bypass mode (or async_training.use_rollout_log_probs): no old log-prob pass
+            batch.tensors["old_log_probs"] = batch["rollout_log_probs"]
+        else:
+            with timed("old_log_prob", timing):
+                batch = batch.union(worker_metrics(self.actor.compute_log_prob(batch), metrics))
+        if "rollout_log_probs" in batch and not self.old_from_rollout:
+            metrics.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"],
+                                              batch["response_mask"]))
+        if self.use_ref:
+            with timed("ref", timing):
+                batch = batch.union(worker_metrics(self.actor.compute_ref_log_prob(batch), metrics))
+        if self.use_critic:
+            with timed("values", timing):
+                batch = batch.union(worker_metrics(self.critic.compute_values(batch), metrics))
+        with timed("adv", timing):
+            self.compute_advantage(batch, metrics)
+        batch = self.pf_ppo_resample(batch)
+        if self.use_critic:
+            with timed("update_critic", timing):
+                metrics.update(self.critic.update(batch))
+        if self.global_step > self.cfg.trainer.critic_warmup:
+            with timed("update_actor", timing):
+                metrics.update(self.actor.update(batch))
+        return batch
+
+    def step_metrics(self, batch: Batch, metrics: dict, timing: dict) -> dict:
+        """The step's metrics: data, timing, memory, throughput (tokens / s / GPU of every pool), skipped steps; and
+        the step's rollouts to trainer.rollout_data_dir."""
         metrics.update(compute_data_metrics(batch.tensors, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(timing))
         for stat in ("max_memory_allocated_gb", "max_memory_reserved_gb", "cpu_memory_used_gb"):
             phases = [v for k, v in metrics.items() if k.startswith("perf/update_") and k.endswith(stat)]
             if phases:
                 metrics[f"perf/{stat}"] = max(phases)
-        metrics.update(compute_throughput_metrics(int(batch["attention_mask"].sum()), timing["step"],
-                                                  self.world_size))
+        n_gpus = sum(p.world_size for p in self.plan.placement.pools.values())
+        metrics.update(compute_throughput_metrics(int(batch["attention_mask"].sum()), timing["step"], n_gpus))
         self.skip_guard.count(metrics, self.global_step)
         if self.cfg.trainer.rollout_data_dir:  # verl's: the step's rollouts as JSONL, after the update
             from rlx.trainer.generations import dump_batch
@@ -264,20 +275,22 @@ class RayPPOTrainer:
         return metrics
 
     # ---- steps ----------------------------------------------------------------------------------------
-    def sample(self, prompts: Batch, metrics: dict, timing: dict) -> Batch:
+    def sample(self, prompts: Batch, metrics: dict, timing: dict, step: int | None = None) -> Batch:
         """The step's training batch: `prompts` generated and scored, and with `algorithm.filter_groups` the kept
         groups of as many further rounds as it takes (`rlx.trainer.dynamic_sampling`)."""
         try:
-            return self.dynamic_sampling.fill(self.rollout(prompts, metrics, timing),
-                                              lambda: self.rollout(self.train_loader.next_batch(), metrics, timing),
+            return self.dynamic_sampling.fill(self.rollout(prompts, metrics, timing, step),
+                                              lambda: self.rollout(self.train_loader.next_batch(), metrics, timing,
+                                                                   step),
                                               metrics)
         except NotEnoughGroups as e:
             raise TrainingStopped(f"step {self.global_step}: {e}") from None
 
-    def rollout(self, prompts: Batch, metrics: dict, timing: dict) -> tuple[Batch, dict]:
-        """Generate and score one round of prompts: the batch (with token_level_scores) and the reward extras."""
+    def rollout(self, prompts: Batch, metrics: dict, timing: dict, step: int | None = None) -> tuple[Batch, dict]:
+        """Generate and score one round of prompts: the batch (with token_level_scores) and the reward extras.
+        `step`: the training step the batch is for (sampling seed; default: the current one)."""
         with timed("gen", timing):
-            batch = worker_metrics(self.generate(prompts, validate=False), metrics)
+            batch = worker_metrics(self.generate(prompts, validate=False, step=step), metrics)
         if self.cfg.algorithm.adv_estimator == "remax":
             with timed("gen_baseline", timing):
                 self.greedy_baseline(prompts, batch, metrics)
@@ -285,9 +298,10 @@ class RayPPOTrainer:
             extra = self.compute_reward(batch, metrics)
         return batch, extra
 
-    def generate(self, prompts: Batch, validate: bool, greedy: bool = False) -> Batch:
+    def generate(self, prompts: Batch, validate: bool, greedy: bool = False, step: int | None = None) -> Batch:
         """Rollout on the actor workers; returns rows repeated n times with prompt fields and group uids.
-        `greedy`: one greedy response per prompt (ReMax's baseline)."""
+        `greedy`: one greedy response per prompt (ReMax's baseline); `step`: the training step whose seed samples
+        (default: the current one)."""
         r = self.cfg.actor_rollout_ref.rollout
         vk = r.val_kwargs
         sampling = (dict(n=vk.n, do_sample=vk.do_sample, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k)
@@ -297,11 +311,15 @@ class RayPPOTrainer:
             sampling.update(n=1, do_sample=False)
         # the agent loop (rollout.mode=async) also reads each row's chat, extra_info (tools_kwargs) and agent_name
         gen_in = prompts.select("input_ids", "attention_mask", "position_ids", "raw_chat", "extra_info", "agent_name")
-        gen_in.meta = dict(sampling, seed=r.seed + self.global_step)
-        out = self.actor.generate(gen_in)
+        gen_in.meta = dict(sampling, seed=r.seed + (self.global_step if step is None else step))
+        out = self.engine_generate(gen_in, validate)
         info = Batch(non_tensors={**prompts.non_tensors,
                                   "uid": np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)})
         return out.union(info.repeat_interleave(sampling["n"]))
+
+    def engine_generate(self, gen_in: Batch, validate: bool) -> Batch:
+        """The engines' responses to `gen_in`: the actor workers' colocated engines."""
+        return self.actor.generate(gen_in)
 
     def greedy_baseline(self, prompts: Batch, batch: Batch, metrics: dict) -> None:
         """ReMax: the reward of one greedy response per prompt, generated by the same engine, on each of the prompt's
@@ -397,7 +415,7 @@ class RayPPOTrainer:
         """`algorithm.rollout_correction` (verl's decoupled mode), when the rollout returned its log-probs: importance
         weights `rollout_is_weights` for the policy loss, rejected tokens out of `response_mask`, `rollout_corr/*`
         metrics. Returns the response mask (float) the advantages use."""
-        if "rollout_log_probs" in batch and not self.bypass:  # bypass mode corrects inside the actor's loss
+        if "rollout_log_probs" in batch and not self.old_from_rollout:  # bypass mode corrects in the actor's loss
             from rlx.algos.rollout_correction import rollout_correction
 
             weights, mask, corr_metrics = rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"],
@@ -486,13 +504,17 @@ class RayPPOTrainer:
         self.actor.save(os.path.join(d, "actor"))
         if self.critic is not None:
             self.critic.save(os.path.join(d, "critic"))
-        ckpt.save_driver_state(d, {"global_step": self.global_step, "dataloader": self.train_loader.state_dict(),
+        ckpt.save_driver_state(d, {"global_step": self.global_step, "dataloader": self.loader_state(),
                                    "kl_ctrl_value": self.kl_ctrl.value})
         ckpt.mark_complete(d)
         ckpt.write_latest(root, self.global_step)
         ckpt.rotate(root, t.max_actor_ckpt_to_keep, "actor")
         ckpt.rotate(root, t.max_critic_ckpt_to_keep, "critic")
         log.info("saved checkpoint %s", d)
+
+    def loader_state(self) -> dict:
+        """The data loader's position after the last trained batch (saved with a checkpoint)."""
+        return self.train_loader.state_dict()
 
     def resume(self) -> None:
         from rlx import checkpoint as ckpt

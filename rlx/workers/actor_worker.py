@@ -52,27 +52,21 @@ class ActorRolloutRefWorker(Worker):
             self.ref = ActorEngine(role="ref", actor_cfg=arr.actor, fsdp_cfg=arr.ref.fsdp_config,
                                    strategy=arr.ref.strategy, sp_size=arr.ref.ulysses_sequence_parallel_size,
                                    entropy_cfg=arr.ref, **common)
-        self.rollout = self._build_rollout(self.plan.rollout.engine)
-        self.agent = self._build_agent_rollout()
+        if self.plan.rollout.disaggregated:  # the engines live in the rollout workers (rlx.workers.rollout_worker)
+            from rlx.workers.rollout import build_tokenizer
+
+            self.rollout, self.agent, self.tokenizer = None, None, build_tokenizer(self.cfg)
+            self.transfer = None
+        else:
+            self.rollout = self._build_rollout(self.plan.rollout.engine)
+            self.agent = self._build_agent_rollout()
 
     def _build_rollout(self, engine: str):
         """This rank's rollout engine (`engine`: the plan's, vllm | hf) and the tokenizer."""
-        from transformers import AutoTokenizer
+        from rlx.workers.rollout import build_rank_engine
 
-        from rlx.models import local_model_path
-        from rlx.workers.rollout import build_engine
-
-        arr, data = self.cfg.actor_rollout_ref, self.cfg.data
-        path = local_model_path(arr.model.path, arr.model.use_shm)  # the engine and tokenizer: from /dev/shm too
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=arr.model.trust_remote_code)
-        if arr.model.custom_chat_template:  # carried by the HF export of the checkpoints
-            tok.chat_template = arr.model.custom_chat_template
-        self.tokenizer = tok
-        dtype = arr.rollout.dtype if self.device.type == "cuda" else "float32"
-        return build_engine(engine, model_path=path, rollout_cfg=arr.rollout, max_prompt_length=data.max_prompt_length,
-                            max_response_length=data.max_response_length, rank=self.rank, world_size=self.world_size,
-                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, dtype=dtype,
-                            device=self.device, trust_remote_code=arr.model.trust_remote_code)
+        rollout, self.tokenizer = build_rank_engine(self.cfg, engine, self.device, self.rank, self.world_size)
+        return rollout
 
     def _build_agent_rollout(self):
         """The agent loop over this rank's engine (rollout.mode=async or multi_turn.enable), else None."""
@@ -162,6 +156,38 @@ class ActorRolloutRefWorker(Worker):
 
         load_engine(self.actor, path, contents=self.cfg.actor_rollout_ref.actor.checkpoint.load_contents)
 
+    # ---- weights to the rollout pool (actor_rollout_ref.hybrid_engine=False) -----------------------------------
+    def weights_info(self, dtype: str, bucket_bytes: int):
+        """Every rank gathers the policy's full weights once (collective); rank 0 returns their names and shapes
+        (rlx.workers.weight_transfer.WeightsInfo), the others None."""
+        from rlx.workers.weight_transfer import WeightsInfo
+
+        names, shapes = [], []
+        with self.actor.phase():
+            for name, tensor in self.actor.policy_weights(layered=self.cfg.actor_rollout_ref.rollout.layered_summon):
+                names.append(name)
+                shapes.append(tuple(tensor.shape))
+        return WeightsInfo(tuple(names), tuple(shapes), dtype, bucket_bytes) if self.rank == 0 else None
+
+    def open_weight_transfer(self, host: str, port: int, world_size: int) -> None:
+        """Rank 0: the source end of the trainer -> rollout group (the rollout ranks join as 1..)."""
+        if self.rank == 0:
+            from rlx.workers.weight_transfer import WeightTransfer
+
+            self.transfer = WeightTransfer(host, port, 0, world_size, self.device,
+                                           self.cfg.actor_rollout_ref.nccl_timeout)
+
+    def send_weights(self, info) -> dict:
+        """Every rank gathers the full weights (collective); rank 0 broadcasts them to the rollout ranks. Returns
+        rank 0's `{bytes, seconds}` (the others: {})."""
+        with self.actor.phase():
+            named = self.actor.policy_weights(layered=self.cfg.actor_rollout_ref.rollout.layered_summon)
+            if self.rank == 0:
+                return self.transfer.send(info, named)
+            for _ in named:
+                pass
+        return {}
+
     def param_checksum(self) -> float:
         """Sum of squares of all actor weights (collective): lets tests see that training changed them."""
         with self.actor.phase():
@@ -206,3 +232,22 @@ class ActorGroup(WorkerGroup):
 
     def param_checksum(self) -> float:
         return self.run_all(ActorRolloutRefWorker.param_checksum)[0]
+
+    # ---- weights to the rollout pool ---------------------------------------------------------------------------
+    def weights_info(self, dtype: str, bucket_bytes: int):
+        """The policy's weight names and shapes, as the rollout receives them in `dtype`."""
+        return self.run_all(ActorRolloutRefWorker.weights_info, dtype, bucket_bytes)[0]
+
+    def transfer_address(self) -> tuple[str, int]:
+        """Where the trainer -> rollout group meets: rank 0's node and a free port there."""
+        import ray
+
+        return ray.get(self.workers[0].addr_port.remote())
+
+    def open_weight_transfer(self, host: str, port: int, world_size: int):
+        """Start joining the trainer -> rollout group (non-blocking: the rollout ranks join at the same time)."""
+        return [w.open_weight_transfer.remote(host, port, world_size) for w in self.workers]
+
+    def send_weights(self, info):
+        """Start the broadcast of the weights (non-blocking); the refs give rank 0's {bytes, seconds} first."""
+        return [w.send_weights.remote(info) for w in self.workers]

@@ -54,6 +54,65 @@ def build_engine(engine: str, *, model_path: str, rollout_cfg: RolloutConfig, ma
                          trust_remote_code=trust_remote_code, ignore_eos=rollout_cfg.ignore_eos, **extra)
 
 
+def build_tokenizer(cfg):
+    """The policy's tokenizer (from /dev/shm too with model.use_shm), with model.custom_chat_template."""
+    from transformers import AutoTokenizer
+
+    from rlx.models import local_model_path
+
+    model = cfg.actor_rollout_ref.model
+    tok = AutoTokenizer.from_pretrained(local_model_path(model.path, model.use_shm),
+                                        trust_remote_code=model.trust_remote_code)
+    if model.custom_chat_template:  # carried by the HF export of the checkpoints
+        tok.chat_template = model.custom_chat_template
+    return tok
+
+
+def build_rank_engine(cfg, engine: str, device, rank: int, world_size: int, rollout_cfg: RolloutConfig | None = None):
+    """The rollout engine of one worker rank (`engine`: the plan's, vllm | hf) over the policy model, and the
+    tokenizer. `rollout_cfg`: actor_rollout_ref.rollout, or a variant of it (the disaggregated rollout's)."""
+    from rlx.models import local_model_path
+
+    arr, data = cfg.actor_rollout_ref, cfg.data
+    path = local_model_path(arr.model.path, arr.model.use_shm)  # the engine and tokenizer: from /dev/shm too
+    tok = build_tokenizer(cfg)
+    dtype = arr.rollout.dtype if device.type == "cuda" else "float32"
+    rollout = build_engine(engine, model_path=path, rollout_cfg=rollout_cfg or arr.rollout,
+                           max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length,
+                           rank=rank, world_size=world_size, pad_token_id=tok.pad_token_id,
+                           eos_token_id=tok.eos_token_id, dtype=dtype, device=device,
+                           trust_remote_code=arr.model.trust_remote_code)
+    return rollout, tok
+
+
+def generate_rows(engine: str, rollout, prompts: list[list[int]], budgets: list[int], meta: dict,
+                  rows: list[int]) -> list[tuple[list[int], list[float] | None]]:
+    """Continue each prompt (token ids of any length) by at most its budget of tokens, on `engine`: per row the
+    generated ids (up to and including an EOS) and their log-probs (None without rollout.calculate_log_probs).
+    `rows`: each request's row in the batch (its sampling seed, as the sync path gives that sample)."""
+    if engine == "vllm":
+        from vllm.inputs import TokensPrompt
+
+        params = [rollout.request_params(meta, b, r) for b, r in zip(budgets, rows)]
+        if rollout.calculate_log_probs:
+            for p in params:
+                p.logprobs = 0
+        outs = rollout.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                    use_tqdm=False)
+        result = []
+        for out in outs:
+            s = out.outputs[0]
+            ids = list(s.token_ids)
+            lps = [float(s.logprobs[t][tok].logprob) for t, tok in enumerate(ids)] if s.logprobs else None
+            result.append((ids, lps))
+        return result
+    import torch
+
+    gen = torch.Generator(device=rollout.device).manual_seed(int(meta.get("seed", 0)))
+    out = rollout.generate_ids(prompts, budgets, meta, gen)
+    return [(ids, lps if rollout.calculate_log_probs else None) for ids, lps in out]
+
+
 def rank_seed(engine: str, seed: int, rank: int) -> int:
     """The sampling seed rank `rank` hands its engine for the driver's `seed`: hf gets one per rank (each rank
     samples its own responses); vLLM derives per-data-parallel-rank seeds itself (tensor-parallel aware)."""

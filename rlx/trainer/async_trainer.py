@@ -1,0 +1,347 @@
+"""Rollout and training overlapped on separate GPUs (actor_rollout_ref.hybrid_engine=False).
+
+The rollout pool generates while the trainer pool trains. Two threads of the driver share the work:
+
+- the rollouter (`Rollouter`, a background thread) draws the prompts of batch j, generates them on the rollout
+  workers and scores them, and queues the batch. It starts batch j only while the rollout's weights are recent
+  enough: at most `staleness` policy versions behind the trainer's when batch j trains (`admits`).
+- the trainer (the main thread, `AsyncPPOTrainer.fit`) takes the batches in order and runs the colocated trainer's
+  update on each (old log-probs, ref, values, advantages, updates); every `sync_every` steps it sends the weights
+  to the rollout workers (`sync`), between two of their calls (`Gate`).
+
+A policy version is the training step whose weights the rollout holds; a sample's lag is the number of syncs between
+the version of its oldest token and the trainer's weights. With staleness 0 the two threads take turns and the run
+is the colocated run's, loss for loss. With staleness 1 (one-step-off) batch k+1 is generated while batch k trains.
+Without partial rollout a sync waits for the rollout call in flight to end; with it, for the segment in flight.
+A sample that lags more than the bound is dropped, never trained on (`drop_stale`).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rlx.plan import ACTOR_GROUP, CRITIC_GROUP, ROLLOUT_GROUP
+from rlx.protocol import Batch
+from rlx.trainer.ppo_trainer import RayPPOTrainer, TrainingStopped, timed, worker_metrics
+from rlx.workers.rollout_worker import VERSIONS
+
+log = logging.getLogger("rlx")
+
+
+def lag(trained_at: int, version, sync_every: int):
+    """Syncs between the weights of training step `version` and those batch `trained_at` is trained with (the
+    update of step trained_at starts from step trained_at - 1's weights)."""
+    return (trained_at - 1) // sync_every - np.floor_divide(version, sync_every)
+
+
+def stale_rows(versions: torch.Tensor, response_mask: torch.Tensor, trained_at: int, sync_every: int,
+               bound: int) -> torch.Tensor:
+    """Bool [rows]: rows whose oldest generated token lags more than `bound` versions at step `trained_at`."""
+    big = torch.iinfo(torch.long).max
+    oldest = torch.where(response_mask.bool(), versions, torch.full_like(versions, big)).min(dim=1).values
+    oldest = torch.where(oldest == big, versions[:, 0], oldest)  # an empty response: its first slot's tag
+    return torch.as_tensor(lag(trained_at, oldest.numpy(), sync_every) > bound)
+
+
+def staleness_metrics(versions: torch.Tensor, response_mask: torch.Tensor, trained_at: int,
+                      sync_every: int) -> dict:
+    """async/staleness_{mean,max} (lag of each sample's oldest token), async/version_lag/<l> (share of the samples
+    with lag l), async/partial_samples (samples whose tokens come from more than one version)."""
+    mask = response_mask.bool()
+    big = torch.iinfo(torch.long).max
+    oldest = torch.where(mask, versions, torch.full_like(versions, big)).min(dim=1).values
+    newest = torch.where(mask, versions, torch.full_like(versions, -1)).max(dim=1).values
+    oldest = torch.where(oldest == big, versions[:, 0], oldest)
+    lags = lag(trained_at, oldest.numpy(), sync_every)
+    out = {"async/staleness_mean": float(np.mean(lags)), "async/staleness_max": float(np.max(lags)),
+           "async/partial_samples": float(((newest > oldest) & mask.any(dim=1)).sum())}
+    values, counts = np.unique(lags, return_counts=True)
+    out.update({f"async/version_lag/{int(v)}": float(c) / len(lags) for v, c in zip(values, counts)})
+    return out
+
+
+class Gate:
+    """Who uses the rollout workers now: the rollouter's calls, or a pause (a weight sync, a validation) that the
+    trainer takes between two of them. The rollout's current version lives here too."""
+
+    def __init__(self, version: int):
+        self.cv = threading.Condition()
+        self.busy, self.pausing, self.version = False, 0, version
+        self.busy_s = 0.0  # seconds the rollout workers spent in rollouter calls
+
+    @contextlib.contextmanager
+    def rollout_call(self):
+        with self.cv:
+            self.cv.wait_for(lambda: self.pausing == 0)
+            self.busy = True
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self.cv:
+                self.busy = False
+                self.busy_s += time.perf_counter() - start
+                self.cv.notify_all()
+
+    @contextlib.contextmanager
+    def paused(self):
+        with self.cv:
+            self.pausing += 1
+            self.cv.wait_for(lambda: not self.busy)
+        try:
+            yield
+        finally:
+            with self.cv:
+                self.pausing -= 1
+                self.cv.notify_all()
+
+    def set_version(self, version: int) -> None:
+        with self.cv:
+            self.version = version
+            self.cv.notify_all()
+
+    def wait_until(self, predicate, stop: threading.Event) -> None:
+        with self.cv:
+            while not (predicate(self.version) or stop.is_set()):
+                self.cv.wait(timeout=0.5)
+
+
+@dataclass
+class Rollout:
+    """A generated, scored batch waiting for the trainer."""
+    step: int
+    batch: Batch
+    metrics: dict = field(default_factory=dict)
+    timing: dict = field(default_factory=dict)
+    loader_state: dict = field(default_factory=dict)
+
+
+class Rollouter(threading.Thread):
+    """Generates and scores batches first_step .. last_step in order, each admitted by the staleness bound."""
+
+    def __init__(self, trainer: "AsyncPPOTrainer", first_step: int, last_step: int):
+        super().__init__(name="rlx-rollouter", daemon=True)
+        self.trainer, self.first, self.last = trainer, first_step, last_step
+        self.out: queue.Queue = queue.Queue()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def admits(self, step: int, version: int) -> bool:
+        """Batch `step` may start with weights `version`: its samples will lag at most the bound when trained."""
+        a = self.trainer.plan.async_
+        return lag(step, version, a.sync_every) <= a.staleness
+
+    def run(self) -> None:
+        t = self.trainer
+        try:
+            for step in range(self.first, self.last + 1):
+                t.gate.wait_until(lambda v: self.admits(step, v), self.stop)
+                if self.stop.is_set():
+                    return
+                metrics, timing = {}, {}
+                batch = t.sample(t.train_loader.next_batch(), metrics, timing, step=step)
+                self.out.put(Rollout(step, batch, metrics, timing, t.train_loader.state_dict()))
+        except BaseException as e:  # noqa: BLE001 -- handed to the trainer thread, which raises it
+            self.error = e
+            self.out.put(None)
+
+    def next(self, step: int) -> Rollout:
+        while True:
+            try:
+                item = self.out.get(timeout=1.0)
+            except queue.Empty:
+                if not self.is_alive() and self.out.empty():
+                    raise RuntimeError("the rollouter thread ended without a batch") from self.error
+                continue
+            if item is None:
+                raise self.error
+            assert item.step == step, (item.step, step)
+            return item
+
+
+class AsyncPPOTrainer(RayPPOTrainer):
+    """The PPO/GRPO loop with the rollout on GPUs of its own, overlapped with training (module docstring)."""
+
+    def __init__(self, cfg, plan, inputs=None):
+        super().__init__(cfg, plan, inputs)
+        assert plan.async_ is not None and plan.rollout.disaggregated
+        self.old_from_rollout = plan.async_.rollout_log_probs_as_old
+        if plan.async_.default_is_correction:  # the lag is corrected by token-level truncated IS by default
+            self.rollout_corr["rollout_is"] = "token"
+        self.rollouts = None  # the RolloutGroup, started by init_workers()
+        self.gate = Gate(version=-1)
+        self.trained_loader_state: dict | None = None
+
+    # ---- setup ----------------------------------------------------------------------------------------
+    def init_workers(self) -> None:
+        from rlx.workers.actor_worker import ActorGroup
+        from rlx.workers.critic_worker import CriticGroup
+        from rlx.workers.group import ResourcePool
+        from rlx.workers.rollout_worker import RolloutGroup
+
+        placement, pools = self.plan.placement, {}
+
+        def pool(group: str) -> ResourcePool:
+            name = placement.groups[group]
+            if name not in pools:
+                p = placement.pools[name]
+                pools[name] = ResourcePool(p.nnodes, p.gpus_per_node, placement.device, roles=placement.sharing(name))
+            return pools[name]
+
+        # the rollout's engines first: vLLM sizes its KV cache from free GPU memory
+        self.rollouts = RolloutGroup(pool(ROLLOUT_GROUP), self.cfg, self.plan)
+        self.rollouts.init_model()
+        self.actor = ActorGroup(pool(ACTOR_GROUP), self.cfg, self.plan)
+        self.critic = CriticGroup(pool(CRITIC_GROUP), self.cfg, self.plan) if self.plan.roles.critic else None
+        self.actor.init_model(self.total_steps)
+        if self.critic is not None:
+            self.critic.init_model(self.total_steps)
+        import ray
+
+        dtype = self.cfg.actor_rollout_ref.rollout.dtype if placement.device == "cuda" else "float32"
+        self.weights_info = self.actor.weights_info(str(dtype).replace("torch.", ""),
+                                                    self.cfg.async_training.bucket_mb * 2**20)
+        host, port = self.actor.transfer_address()
+        world = 1 + self.rollouts.world_size
+        ray.get(self.actor.open_weight_transfer(host, port, world) + self.rollouts.open_weight_transfer(host, port,
+                                                                                                        world))
+
+    def shutdown(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.shutdown()
+            self.rollouts = None
+        super().shutdown()
+
+    # ---- the pieces the colocated loop calls ---------------------------------------------------------------
+    def engine_generate(self, gen_in: Batch, validate: bool) -> Batch:
+        a = self.plan.async_
+        if a.partial_rollout and not validate:
+            return self.rollouts.generate_in_segments(gen_in, a.segment, self.gate.rollout_call)
+        if validate:  # the trainer thread, holding the rollout paused
+            return self.rollouts.generate(gen_in)
+        with self.gate.rollout_call():
+            return self.rollouts.generate(gen_in)
+
+    def loader_state(self) -> dict:
+        return self.trained_loader_state if self.trained_loader_state is not None else super().loader_state()
+
+    def sync(self, metrics: dict | None = None) -> None:
+        """Send the trainer's weights (of step global_step) to the rollout workers, between two of their calls."""
+        import ray
+
+        start = time.perf_counter()
+        with self.gate.paused():
+            waited = time.perf_counter() - start
+            sent = self.actor.send_weights(self.weights_info)
+            got = self.rollouts.receive_weights(self.weights_info, self.global_step)
+            stats = ray.get(sent)[0]
+            ray.get(got)
+            self.gate.set_version(self.global_step)
+        if metrics is not None:
+            metrics["timing_s/wait_sync"] = waited
+            metrics["timing_s/sync_weights"] = stats["seconds"]
+            metrics["perf/sync_weights_gb"] = stats["bytes"] / 1e9
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def fit(self) -> list[dict]:
+        import os
+        import sys
+
+        from tqdm import tqdm
+
+        from rlx.trainer.profiling import StepProfiling
+        from rlx.trainer.tracking import Tracker
+
+        if self.actor is None:
+            self.init_workers()
+        self.tracker = Tracker(self.cfg, os.path.join(self.cfg.trainer.default_local_dir, "logs"))
+        self.profiling = StepProfiling(self.cfg.global_profiler, [self.actor, self.critic], self.total_steps)
+        history: list[dict] = []
+        self.resume()
+        self.sync()  # the rollout starts from the trainer's weights (the resumed ones too)
+        if self.cfg.trainer.val_before_train or self.cfg.trainer.val_only:
+            self.tracker.log(self.validate_paused(), step=self.global_step)
+        if self.cfg.trainer.val_only:
+            self.tracker.close()
+            return history
+        rollouter = Rollouter(self, self.global_step + 1, self.total_steps)
+        rollouter.start()
+        bar = tqdm(total=self.total_steps, initial=self.global_step, desc="rlx", disable=not sys.stderr.isatty())
+        try:
+            while self.global_step < self.total_steps:
+                self.global_step += 1
+                with self.profiling.step(self.global_step):
+                    metrics = self.train_step_async(rollouter)
+                    if self._due(self.cfg.trainer.test_freq) or self.global_step == self.total_steps:
+                        metrics.update(self.validate_paused())
+                    if self._due(self.cfg.trainer.save_freq) or (self.cfg.trainer.save_freq > 0
+                                                                 and self.global_step == self.total_steps):
+                        start = time.perf_counter()
+                        self.save_checkpoint()
+                        metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
+                self.tracker.log(metrics, step=self.global_step)
+                history.append(metrics)
+                self.skip_guard.stop_if_stuck(self.global_step)
+                bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}", step_s=f"{metrics['timing_s/step']:.1f}")
+                bar.update(1)
+        finally:
+            rollouter.stop.set()
+        bar.close()
+        self.tracker.close()
+        return history
+
+    def train_step_async(self, rollouter: Rollouter) -> dict:
+        a = self.plan.async_
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        busy_before = self.gate.busy_s
+        with timed("step", timing):
+            with timed("wait_rollout", timing):
+                item = rollouter.next(self.global_step)
+            metrics.update(item.metrics)
+            timing.update({k: v for k, v in item.timing.items()})  # gen, reward: overlapped with training
+            self.trained_loader_state = item.loader_state
+            batch = self.drop_stale(item.batch, metrics)
+            batch = self.update(batch, metrics, timing)
+            if self.global_step % a.sync_every == 0:
+                with timed("sync", timing):
+                    self.sync(metrics)
+        step_s = timing["step"]
+        metrics["async/trainer_idle_ratio"] = (timing["wait_rollout"] + metrics.get("timing_s/wait_sync", 0.0)) / step_s
+        metrics["async/rollout_idle_ratio"] = max(0.0, 1.0 - (self.gate.busy_s - busy_before) / step_s)
+        metrics["async/rollout_version"] = float(self.gate.version)
+        return self.step_metrics(batch, metrics, timing)
+
+    def drop_stale(self, batch: Batch, metrics: dict) -> Batch:
+        """The batch without the groups that hold a sample lagging more than the bound (counted in
+        async/dropped_stale_samples); their staleness metrics."""
+        a = self.plan.async_
+        versions, mask = batch[VERSIONS], batch["response_mask"]
+        metrics.update(staleness_metrics(versions, mask, self.global_step, a.sync_every))
+        stale = stale_rows(versions, mask, self.global_step, a.sync_every, a.staleness)
+        metrics["async/dropped_stale_samples"] = float(stale.sum())
+        if not bool(stale.any()):
+            return batch
+        bad = {u for u, s in zip(batch["uid"], stale.tolist()) if s}
+        keep = [i for i, u in enumerate(batch["uid"]) if u not in bad]
+        if not keep:
+            raise TrainingStopped(f"step {self.global_step}: every sample of the batch lags more than "
+                                  f"async_training.staleness_threshold allows ({a.staleness} versions)")
+        log.warning("step %d: %d sample(s) lag more than %d version(s) and are not trained on", self.global_step,
+                    len(batch) - len(keep), a.staleness)
+        return batch.index(keep)
+
+    def validate_paused(self) -> dict:
+        """Validation on the rollout workers, with the trainer's current weights (synced first when the last sync
+        is older), while the rollouter waits."""
+        if self.gate.version != self.global_step:
+            self.sync()
+        with self.gate.paused():
+            return self.validate()

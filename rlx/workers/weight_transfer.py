@@ -1,0 +1,121 @@
+"""Weights from the trainer pool to the rollout pool: one process group spanning the trainer's rank 0 (the source)
+and every rollout rank, and a bucketed broadcast over it.
+
+The trainer's ranks gather the full policy weights together (FSDP, one unit at a time: `policy_weights`); its
+rank 0 casts each to the rollout's dtype and packs them into flat buckets of `bucket_bytes`, and broadcasts each
+bucket as it fills. Every rollout rank receives the same buckets and hands their views, named, to its engine's
+`sync_weights` (vLLM's `reload_weights`, or the HF copy), which consumes them as they arrive. Both sides cut the
+buckets from the same list of (name, shape), exchanged once when the group is made, so no sizes travel per sync.
+
+The group is a process group of its own (its own TCPStore rendezvous, NCCL on GPUs, gloo on CPU), made next to each
+role's own default group: neither pool's collectives see the other.
+"""
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_BUCKET_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    """What the rollout receives, in order: each weight's name and shape, all in `dtype`."""
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    def buckets(self) -> list[list[int]]:
+        """The weights' indices, cut into buckets of at most bucket_bytes (a larger weight is a bucket of its own)."""
+        size = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        out, cur, cur_bytes = [], [], 0
+        for i, shape in enumerate(self.shapes):
+            nbytes = _numel(shape) * size
+            if cur and cur_bytes + nbytes > self.bucket_bytes:
+                out.append(cur)
+                cur, cur_bytes = [], 0
+            cur.append(i)
+            cur_bytes += nbytes
+        if cur:
+            out.append(cur)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_numel(s) for s in self.shapes) * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+class WeightTransfer:
+    """This process's end of the trainer -> rollout group: rank 0 is the trainer's rank 0, ranks 1.. the rollout's."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device, timeout_s: float):
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        store = dist.PrefixStore("rlx_weights", store)
+        self.rank, self.world_size, self.device = rank, world_size, device
+        if device.type == "cuda":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+        else:
+            self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        self._store = store  # the group keeps using it
+
+    def _broadcast(self, buf: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        self.pg.broadcast([buf], opts).wait()
+        if buf.is_cuda:
+            torch.cuda.current_stream().synchronize()
+
+    def send(self, info: WeightsInfo, named: Iterable[tuple[str, torch.Tensor]]) -> dict:
+        """The source: broadcast `named` (full tensors, in info's order) bucket by bucket; returns
+        `{bytes, seconds}`."""
+        assert self.rank == 0
+        start, dtype = time.perf_counter(), getattr(torch, info.dtype)
+        it = iter(named)
+        for bucket in info.buckets():
+            numels = [_numel(info.shapes[i]) for i in bucket]
+            buf = torch.empty(sum(numels), dtype=dtype, device=self.device)
+            off = 0
+            for i, n in zip(bucket, numels):
+                name, tensor = next(it)
+                assert name == info.names[i] and tuple(tensor.shape) == tuple(info.shapes[i]), (name, info.names[i])
+                buf[off:off + n].copy_(tensor.reshape(-1), non_blocking=True)
+                off += n
+            self._broadcast(buf)
+        assert next(it, None) is None, "the policy has more weights than when the transfer group was made"
+        return {"bytes": info.nbytes, "seconds": time.perf_counter() - start}
+
+    def receive(self, info: WeightsInfo) -> Iterator[tuple[str, torch.Tensor]]:
+        """A rollout rank: the weights, named, as each bucket arrives (views of the bucket)."""
+        assert self.rank > 0
+        dtype = getattr(torch, info.dtype)
+        for bucket in info.buckets():
+            numels = [_numel(info.shapes[i]) for i in bucket]
+            buf = torch.empty(sum(numels), dtype=dtype, device=self.device)
+            self._broadcast(buf)
+            off = 0
+            for i, n in zip(bucket, numels):
+                yield info.names[i], buf[off:off + n].view(info.shapes[i])
+                off += n
+
+    def close(self) -> None:
+        if hasattr(self.pg, "shutdown"):
+            try:
+                self.pg.shutdown()
+            except Exception:  # noqa: BLE001 -- best effort at exit
+                pass
