@@ -997,6 +997,9 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.rollout.trace.backend": None,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.actor.optim.total_training_steps": -1,
+    "async_training.require_batches": 1,
+    "rollout.total_rollout_steps": None,
+    "rollout.test_freq": None,
     "actor_rollout_ref.ref.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": False,  # the ref has no optimizer
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": False,
@@ -1028,6 +1031,14 @@ NOT_SUPPORTED.update(profiler.NOT_SUPPORTED)  # the torch profiler's schedule, v
 
 # Why some NOT_SUPPORTED keys are refused (the validation error says it).
 NOT_SUPPORTED_REASONS: dict[str, str] = {
+    "async_training.require_batches":
+        "verl's fully-async trainer updates on require_batches x ppo_mini_batch_size samples at a time; rlx's "
+        "disaggregated trainer updates on data.train_batch_size prompts per step (set that instead)",
+    "rollout.total_rollout_steps":
+        "verl's fully-async rollouter counts the run in samples; rlx counts a disaggregated run in training steps "
+        "(trainer.total_training_steps / total_epochs)",
+    "rollout.test_freq":
+        "verl's fully-async rollouter validates every this many syncs; rlx validates by trainer.test_freq",
     "actor_rollout_ref.actor.use_prefix_grouper":
         "verl's PrefixGrouper runs the prompt shared by a group's n responses once (a shared-prefix attention "
         "patch plus group-level batch balancing); rlx forwards each response with its own copy of the prompt, "
