@@ -47,7 +47,7 @@ def test_metric_values():
 def test_filter_by_score_of_a_dict_function_as_verl():
     """metric=score with a function returning {'score', ...} (verl's DAPO recipe): the dict's score before the
     overlong penalty. Group a: scores 1, 1 but different lengths (penalties): dropped by score, kept by reward."""
-    from rlx.data.reward import RewardManager
+    from rlx.reward.manager import RewardManager
     from rlx.models import build_byte_tokenizer
     from test_reward import _batch
 

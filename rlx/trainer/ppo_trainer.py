@@ -106,7 +106,7 @@ class RayPPOTrainer:
         `preflight(cfg, plan)` built (tokenizer, datasets, reward function, the verified resume dir); preflight runs
         here when it is not given."""
         from rlx.data.dataset import PromptLoader
-        from rlx.data.reward import build_reward_manager
+        from rlx.reward.manager import build_reward_manager
         from rlx.trainer.preflight import preflight
 
         inputs = inputs or preflight(cfg, plan)
@@ -332,7 +332,7 @@ class RayPPOTrainer:
 
     def compute_reward(self, batch: Batch, metrics: dict) -> dict:
         """token_level_scores into the batch; returns the score function's extra values (one list per key)."""
-        from rlx.data.reward import mean_extras
+        from rlx.reward.manager import mean_extras
 
         scores, extra = self.score(batch, metrics)
         batch.tensors["token_level_scores"] = scores
@@ -352,23 +352,17 @@ class RayPPOTrainer:
         return extra
 
     def score(self, batch: Batch, metrics: dict | None = None):
-        """Token-level scores of a generated batch and the reward function's extra values: the reward model's
-        (`reward_model.enable`, verl's precedence: unless a custom reward function is given), else the reward
-        manager's (given a judge's score and verdict in each row's extra_info when reward_model.judge.enable); a
-        reward that is not a finite number stops the run."""
-        from rlx.data.judge import with_judge_results
-        from rlx.data.reward import RewardError
+        """Token-level scores of a generated batch and the reward function's extra values (rlx.reward.score's
+        score_batch: the reward model's, else the reward manager's); a reward that is not a finite number stops the
+        run."""
+        from rlx.reward.manager import RewardError
+        from rlx.reward.score import score_batch
 
+        out = None
         if self.rm is not None:
             out = worker_metrics(self.rm.compute_rm_score(batch), metrics if metrics is not None else {})
-            if not (self.cfg.custom_reward_function.path and "judge_score" in out):
-                # a judge's verdicts travel as a reward extra (in trainer.rollout_data_dir's files, as verl's GenRM
-                # examples return theirs)
-                return out["rm_scores"], ({"judge_verdict": list(out["judge_verdict"])} if "judge_verdict" in out
-                                          else {})
-            batch = with_judge_results(batch, out)  # a custom function combines the judge's score (extra_info)
         try:
-            return self.reward_fn(batch)
+            return score_batch(batch, self.reward_fn, out, custom_function=bool(self.cfg.custom_reward_function.path))
         except RewardError as e:
             raise TrainingStopped(f"step {self.global_step}: {e}") from None
 

@@ -235,7 +235,7 @@ def _check_batches(cfg: RLXConfig, train, problems: list[str]) -> None:
 
 
 def _check_reward(cfg: RLXConfig, plan: JobPlan, datasets: list, problems: list[str]):
-    from rlx.data.reward import is_builtin_source, known_data_sources, load_reward_fn
+    from rlx.reward.functions import is_builtin_source, known_data_sources, load_reward_fn
 
     try:
         fn = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.score_kwargs)
