@@ -194,7 +194,7 @@ def test_a_custom_reward_function_combines_the_judge_with_a_rule(hf_judge, monke
     batch.non_tensors["extra_info"] = _obj([{"kept": i} for i in range(3)])
     judged = judge.score(batch)
     judged.tensors["rm_scores"] = place_scores(judged["judge_score"], batch["response_mask"])
-    cfg = load_config(JUDGE + [f"custom_reward_function.path={f}"])
+    cfg = load_config(JUDGE + [f"custom_reward_function.path={f}", "reward_model.num_workers=1"])  # in this process
     manager = build_reward_manager(cfg, tok, load_reward_fn(cfg.custom_reward_function))
     scores, extra = manager(with_judge_results(batch, judged))
     torch.testing.assert_close(scores.sum(-1), torch.tensor([1.8, 0.2, 1.0]))  # rule + judge / 10 (a failure: 0)

@@ -13,10 +13,13 @@ valid token, and the score function's extra values.
    finding the judge's `judge_score` and `judge_verdict` in each row's extra_info.
 2. Otherwise the reward manager (`manager`: reward_model.reward_manager naive | dapo | batch) decodes each response
    and calls the score function (`functions.load_reward_fn`): the custom function of custom_reward_function.path,
-   or the built-in rule of the row's data_source (`rules`: GSM8K, MATH, DAPO/Minerva, the synthetic tasks).
-3. A score must be a finite number (or a dict with one under "score"); anything else stops the run with a
-   `manager.RewardError` naming the function, the sample and its data_source (reward_model.non_finite_score
-   replaces NaN/inf instead).
+   or the built-in rule of the row's data_source (`rules`: GSM8K, MATH, DAPO/Minerva, the synthetic tasks). The
+   calls run in a pool of processes (`pool`; reward_model.num_workers), each bounded by
+   reward_model.score_timeout_s (past it: reward_model.timeout_score, counted in reward/timeouts), or in the
+   driver's process (see `manager`'s doc for the rule).
+3. A score must be a finite number (or a dict with one under "score"); anything else, or a function that raises,
+   stops the run with a `manager.RewardError` naming the function, the sample and its data_source
+   (reward_model.non_finite_score replaces NaN/inf instead).
 
 The keys: rlx.config.schema's RewardModelConfig and CustomRewardFunctionConfig, rlx.config.reward (the reward
 model's serving keys, verl 0.9.1's `reward.*` spellings) and rlx.config.judge (`reward_model.judge.*`, the built-in

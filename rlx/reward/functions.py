@@ -76,8 +76,9 @@ def default_compute_score(data_source, solution_str: str, ground_truth, extra_in
 
 def load_reward_fn(custom_cfg: CustomRewardFunctionConfig, score_kwargs: dict | None = None) -> Callable:
     """The custom function ``custom_cfg.name`` from file ``custom_cfg.path`` with ``custom_cfg.reward_kwargs``
-    bound (verl's `custom_reward_function.reward_kwargs`) if a path is set; else the built-in rewards, with
-    ``score_kwargs`` (`reward_model.score_kwargs`) bound when given, verl's `default_compute_score` otherwise."""
+    bound (verl's `custom_reward_function.reward_kwargs`) if a path is set (a `FileFunction`); else the built-in
+    rewards, with ``score_kwargs`` (`reward_model.score_kwargs`) bound when given, verl's `default_compute_score`
+    otherwise. Each of them pickles, so a pool of processes can score with it (rlx.reward.pool)."""
     path = custom_cfg.path
     if not path:
         if score_kwargs:
@@ -85,6 +86,13 @@ def load_reward_fn(custom_cfg: CustomRewardFunctionConfig, score_kwargs: dict | 
         return default_compute_score
     name = custom_cfg.name
     path = os.path.expanduser(str(path))
+    fn = _read_function(path, name)
+    _refuse_reward_loop_judge(fn, path, name)
+    return FileFunction(path, name, custom_cfg.reward_kwargs, fn)
+
+
+def _read_function(path: str, name: str) -> Callable:
+    """Function `name` of the Python file `path` (its module code runs), or a ValueError naming the key and fix."""
     if not os.path.isfile(path):
         raise ValueError(f"custom_reward_function.path={path!r} is not a file. Fix: give a .py file defining "
                          f"{name}(data_source, solution_str, ground_truth, extra_info=None, **kwargs)")
@@ -103,10 +111,27 @@ def load_reward_fn(custom_cfg: CustomRewardFunctionConfig, score_kwargs: dict | 
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ValueError(f"custom_reward_function.name={name!r} is not a function in "
                          f"custom_reward_function.path={path!r}. Fix: name one of the functions there: {found}")
-    _refuse_reward_loop_judge(fn, path, name)
-    if custom_cfg.reward_kwargs:
-        fn = functools.partial(fn, **custom_cfg.reward_kwargs)
     return fn
+
+
+class FileFunction:
+    """A score function defined in a Python file (custom_reward_function.path and .name), called with its bound
+    keyword arguments (custom_reward_function.reward_kwargs) as functools.partial would. A function of a module
+    loaded from a file cannot be pickled by reference, so this one pickles as (path, name, kwargs) and reads the
+    file again where it is unpickled (a scoring process of rlx.reward.pool)."""
+
+    def __init__(self, path: str, name: str, kwargs: dict | None = None, fn: Callable | None = None):
+        self.path, self.name, self.kwargs = path, name, dict(kwargs or {})
+        self.fn = fn if fn is not None else _read_function(path, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **{**self.kwargs, **kwargs})
+
+    def __reduce__(self):
+        return FileFunction, (self.path, self.name, self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"FileFunction({self.name} of {self.path!r}, kwargs={self.kwargs})"
 
 
 def _refuse_reward_loop_judge(fn: Callable, path: str, name: str) -> None:
@@ -127,9 +152,9 @@ def _refuse_reward_loop_judge(fn: Callable, path: str, name: str) -> None:
 
 
 def describe_fn(fn: Callable) -> str:
-    """`name (file)` of a score function, through functools.partial (bound reward_kwargs)."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
+    """`name (file)` of a score function, through functools.partial and FileFunction (bound reward_kwargs)."""
+    while isinstance(fn, (functools.partial, FileFunction)):
+        fn = fn.func if isinstance(fn, functools.partial) else fn.fn
     name = getattr(fn, "__qualname__", None) or repr(fn)
     code = getattr(fn, "__code__", None)
     return f"{name} ({code.co_filename})" if code is not None else name

@@ -174,11 +174,12 @@ class RayPPOTrainer:
             self.rm.init_model()
 
     def shutdown(self) -> None:
-        """Kill the workers and release their placement group."""
+        """Kill the workers and release their placement group; end the reward's scoring processes."""
         for group in (self.actor, self.critic, self.rm):
             if group is not None:
                 group.shutdown()
         self.actor = self.critic = self.rm = None
+        self.reward_fn.close()
 
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self) -> list[dict]:
@@ -349,6 +350,8 @@ class RayPPOTrainer:
         metrics.update({f"reward_extra/{k}": v for k, v in mean_extras(extra).items()})
         if self.cfg.reward_model.non_finite_score is not None:
             metrics["reward/non_finite_count"] = float(self.reward_fn.non_finite_count)
+        if self.reward_fn.in_pool:  # calls past reward_model.score_timeout_s, scored reward_model.timeout_score
+            metrics["reward/timeouts"] = float(self.reward_fn.timeouts)
         return extra
 
     def score(self, batch: Batch, metrics: dict | None = None):
