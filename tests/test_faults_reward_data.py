@@ -5,6 +5,9 @@ before rlx.reward's scoring pool and the data checks, and passes after.
 |---|---|
 | a reward function that sleeps 60 s per call: a silent hang, calls in series, no timeout | test_hung_call_is_killed_and_scores_the_timeout_score, test_calls_run_in_parallel, test_slow_scoring_logs_a_progress_line |
 | a reward function that raises on some rows: a raw 36-line traceback without sample or data_source | test_raising_function_is_one_line_naming_function_sample_and_source, test_raising_and_dying_functions_in_the_pool |
+| a chat message `content` given as bytes: trains on the repr, silently | test_message_content_that_is_not_text_is_refused_with_file_and_row |
+| a string column with invalid UTF-8: a bare codec error without file or row | test_invalid_utf8_names_the_file_column_and_row |
+| (item 7) a reward or tool file in a world-writable place | test_code_in_a_world_writable_place_is_loaded_with_a_warning |
 
 The tests that start the scoring processes are marked e2e (tests/markers.py); the rest run in this process.
 """
@@ -195,3 +198,84 @@ def test_raising_and_dying_functions_in_the_pool(reward_file, caplog):
         assert scores.sum(-1).tolist() == [1.0, 1.0]
     finally:
         manager.close()
+
+
+# ---- data ------------------------------------------------------------------------------------------------
+def _data_cfg():
+    from rlx.config.schema import DataConfig
+
+    return DataConfig(train_files=None, val_files=None, max_prompt_length=32, max_response_length=8,
+                      train_batch_size=2, truncation="error", apply_chat_template=True, return_raw_chat=False)
+
+
+def _rows(contents):
+    return [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": c}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": "1"}, "extra_info": {"index": i}}
+            for i, c in enumerate(contents)]
+
+
+def test_message_content_that_is_not_text_is_refused_with_file_and_row(tmp_path):
+    """A binary column (bytes) as a message's content: refused with the file and the row, not trained on as
+    "b'8 9 5 3 ->'"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlx.data.dataset import RLDataset
+
+    good, bad = tmp_path / "good.parquet", tmp_path / "bytes.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(["1 2 ->"])), good)
+    pq.write_table(pa.Table.from_pylist(_rows([b"7 7 ->", b"8 9 5 3 ->"])), bad)
+    with pytest.raises(ValueError) as e:
+        RLDataset([str(good), str(bad)], build_byte_tokenizer(), _data_cfg())
+    msg = str(e.value)
+    assert str(bad) in msg and "row 0" in msg and "message 0" in msg and "bytes" in msg and "Fix:" in msg, msg
+
+
+def test_invalid_utf8_names_the_file_column_and_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlx.data.dataset import RLDataset
+
+    table = pa.Table.from_pylist(_rows(["1 2 ->", "3 4 ->", "5 6 ->"]))
+    sources = pa.array([b"openai/gsm8k", b"openai/gsm8k", b"open\xffai"], pa.binary()).view(pa.string())
+    path = tmp_path / "latin.parquet"
+    pq.write_table(table.set_column(table.column_names.index("data_source"), "data_source", sources), path)
+    with pytest.raises(ValueError) as e:
+        RLDataset(str(path), build_byte_tokenizer(), _data_cfg())
+    msg = str(e.value)
+    assert str(path) in msg and "column 'data_source', row 2" in msg and "UTF-8" in msg and "Fix:" in msg, msg
+    assert "\\xff" in msg, msg
+
+
+def test_code_in_a_world_writable_place_is_loaded_with_a_warning(tmp_path, reward_file, caplog):
+    """The custom reward and tool files (and a custom dataset class) load, with one warning line each when another
+    user could have changed them; a private folder gives none."""
+    import os
+
+    from conftest import load_config
+    from rlx.trainer.preflight import _warn_world_writable_code, world_writable
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    planted = shared / "reward.py"
+    planted.write_text(REWARD_FILE)
+    tools = tmp_path / "tools.py"
+    tools.write_text("def add(a: int, b: int) -> int:\n    return a + b\n")
+    os.chmod(tools, 0o666)
+    assert world_writable(str(reward_file)) is None  # pytest's own folder: private
+    assert "folder" in world_writable(str(planted)) and "writable by every user" in world_writable(str(tools))
+    cfg = load_config([f"custom_reward_function.path={planted}",
+                       f"actor_rollout_ref.rollout.multi_turn.function_tool_path={tools}"], validate=False)
+    with caplog.at_level(logging.WARNING, logger="rlx"):
+        _warn_world_writable_code(cfg)
+    lines = [r.getMessage() for r in caplog.records if "world-writable" in r.getMessage()]
+    assert len(lines) == 2 and all(line.startswith("rlx: warning: ") and "Fix:" in line for line in lines), lines
+    assert "custom_reward_function.path" in lines[0] and str(planted) in lines[0], lines
+    assert "function_tool_path" in lines[1] and str(tools) in lines[1], lines
+    assert _fn(planted)(data_source="s", solution_str="4", ground_truth="4") == 1.0  # still loaded
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlx"):
+        _warn_world_writable_code(load_config([f"custom_reward_function.path={reward_file}"], validate=False))
+    assert not [r for r in caplog.records if "world-writable" in r.getMessage()]
