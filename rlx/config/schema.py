@@ -728,7 +728,20 @@ class RewardModelConfig:
     judge alike). rlx scores with its own reward-model worker whatever the value: see NO_OP_BY_DESIGN (a judge is
     reward_model.judge.enable)."""
     num_workers: Optional[int] = None
-    """verl: how many CPU processes send requests to the reward model's server (speed only)."""
+    """verl: how many processes compute the rewards in parallel (verl's reward-loop workers). rlx: the pool of
+    processes that calls the score function (custom_reward_function, or a built-in rule) on a step's responses,
+    one call per response, each bounded by score_timeout_s. null: 8 for a custom_reward_function (whose cost rlx
+    cannot know), 1 for the built-in rules (microseconds a response). 1: in the driver's process, one call after
+    another, without the timeout. The batch manager (reward_manager=batch, one call a step) and a function that does
+    not pickle (not one rlx loads from config: e.g. a lambda given to RewardManager in code) also score in the
+    driver's process."""
+    score_timeout_s: float = 300.0
+    """rlx key: the longest one call of the score function may run in the num_workers pool. A call past it is
+    killed (its process replaced), its response gets timeout_score, and it is counted in reward/timeouts. In the
+    driver's process (num_workers=1) a call cannot be stopped; a step's scoring past 30 s logs a progress line
+    either way."""
+    timeout_score: float = 0.0
+    """rlx key: the reward of a response whose score function call ran past score_timeout_s."""
     rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
     """verl: the engine that serves the reward model (its name, dtype and lengths act in rlx; its serving knobs
     set the generative judge's vLLM engine, and do nothing for a classifier)."""
@@ -1087,7 +1100,6 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     "reward_model.use_reward_loop": "verl 0.9.1 serves every reward model through its reward loop, a classifier "
                                     "and a judge alike; rlx scores with its reward-model worker either way (the "
                                     "same last-token score; a judge is chosen by reward_model.judge.enable)",
-    "reward_model.num_workers": "speed only: verl's CPU processes that send requests to the reward model's server",
     **{f"reward_model.rollout.{k}": "a knob of the engine serving the reward model in verl (batching, memory, "
                                     "kernels) that rlx's judge engine does not take; it changes no score"
        for k in ENGINE_ONLY if k not in JUDGE_ENGINE},

@@ -687,6 +687,15 @@ def _check_agent(cfg, errors):
 def _check_reward(cfg, errors):
     rm = cfg.reward_model
     _choice(errors, "reward_model.reward_manager", rm.reward_manager, REWARD_MANAGERS)
+    if rm.num_workers is not None and (isinstance(rm.num_workers, bool) or not isinstance(rm.num_workers, int)
+                                       or rm.num_workers < 1):
+        errors.append(f"reward_model.num_workers={rm.num_workers!r} must be a whole number of processes, at least 1 "
+                      f"(1: score in the driver's process). Fix: reward_model.num_workers=8, or null for rlx's "
+                      f"choice.")
+    t = rm.score_timeout_s
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
+        errors.append(f"reward_model.score_timeout_s={t!r} must be a positive number of seconds. "
+                      f"Fix: reward_model.score_timeout_s=300.")
     kwargs = rm.reward_kwargs or {}
     manager_keys = [k for k in ("overlong_buffer_cfg", "max_resp_len") if k in kwargs]
     for other in sorted(set(kwargs) - {"overlong_buffer_cfg", "max_resp_len"}):
