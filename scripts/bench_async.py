@@ -193,6 +193,7 @@ def main() -> int:
     p.add_argument("--data-dir", default=None, help="smollm2: the folder of GSM8K's train/test.parquet")
     p.add_argument("--model-dir", default=None, help="longtail: an HF directory instead of the random long-tail one")
     p.add_argument("--out", default=None)
+    p.add_argument("--table", action="store_true", help="run nothing: the table of the modes already in --out")
     p.add_argument("--smoke", action="store_true", help="CPU check: the built-in tiny model, 2 CPU workers, 3 steps")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -200,7 +201,7 @@ def main() -> int:
 
     if a.smoke:
         a.model_dir, a.prompts, a.n, a.response, a.steps = "builtin://tiny-qwen2", 4, 2, 16, 3
-    elif not torch.cuda.is_available() or torch.cuda.device_count() < a.gpus:
+    elif not a.table and (not torch.cuda.is_available() or torch.cuda.device_count() < a.gpus):
         print(f"bench_async: needs {a.gpus} CUDA GPUs (--smoke checks the script on CPU)", file=sys.stderr)
         return 2
     if a.job == "smollm2" and not a.data_dir:
@@ -208,17 +209,20 @@ def main() -> int:
               file=sys.stderr)
         return 2
     out = a.out or tempfile.mkdtemp(prefix="rlx-bench-async-")
-    if a.job == "longtail":
+    if a.table:
+        job = []
+    elif a.job == "longtail":
         from rlx.models.random_weights import random_model_dir
 
         job = longtail_job(a, a.model_dir or random_model_dir("qwen2.5-0.5b-longtail"))
     else:
         job = smollm2_job(a, out)
-    device = "CPU (smoke)" if a.smoke else f"{a.gpus} x {torch.cuda.get_device_name(0)}"
+    device = ("CPU (smoke)" if a.smoke or not torch.cuda.is_available() else
+              f"{a.gpus} x {torch.cuda.get_device_name(0)}")
     print(f"bench_async: {device}, job {a.job}, {a.prompts} prompts x n={a.n}, responses up to {a.response} tokens, "
           f"{a.steps} steps per mode; out {out}", flush=True)
     histories, walls, rows = {}, {}, []
-    for mode in a.modes.split(","):
+    for mode in ([] if a.table else a.modes.split(",")):
         print(f"\n=== {mode} ===", flush=True)
         keys = job + MODES[mode] + pools(mode, a.gpus) + [
             f"trainer.device={'cpu' if a.smoke else 'cuda'}", "trainer.nnodes=1",
@@ -228,13 +232,27 @@ def main() -> int:
             keys += ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.use_remove_padding=False",
                      "actor_rollout_ref.model.path=builtin://tiny-qwen2",
                      "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
-        histories[mode], walls[mode] = run_job(keys)
+        try:
+            histories[mode], walls[mode] = run_job(keys)
+        except Exception as e:  # noqa: BLE001 -- the other modes still run; the table says which failed
+            logging.exception("mode %s failed", mode)
+            print(f"{mode}: FAILED: {type(e).__name__}: {e}", flush=True)
+            continue
+        with open(os.path.join(out, mode, "history.json"), "w") as f:
+            json.dump({"history": histories[mode], "wall_s": walls[mode]}, f)
         print(f"{mode}: score per step " + " ".join(f"{m['critic/score/mean']:.3f}" for m in histories[mode]),
               flush=True)
         vals = [f"{m['val/' + k]:.3f}@{i}" for i, m in enumerate(histories[mode], start=1) for k in
                 [k[4:] for k in m if k.startswith("val/") and k.endswith("/reward/mean")]]
         if vals:
             print(f"{mode}: validation " + " ".join(vals), flush=True)
+    for mode in MODES:  # earlier runs into the same --out (another call) join the table
+        path = os.path.join(out, mode, "history.json")
+        if mode not in histories and os.path.exists(path):
+            with open(path) as f:
+                saved = json.load(f)
+            histories[mode], walls[mode] = saved["history"], saved["wall_s"]
+    histories = {m: histories[m] for m in MODES if m in histories}
     base = None
     for mode, history in histories.items():
         r = row(mode, history, base)
