@@ -70,7 +70,7 @@ def longtail_job(a, model: str) -> list[str]:
         f"data.train_batch_size={a.prompts}", "data.max_prompt_length=32", f"data.max_response_length={a.response}",
         f"actor_rollout_ref.model.path={model}",
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.model.use_fused_kernels=True",
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768",
         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
@@ -144,7 +144,7 @@ def row(mode: str, history: list[dict], base: dict | None) -> dict:
     scores = [m["critic/score/mean"] for m in history]
     tail = scores[-5:]
     r = {"mode": mode, "s/step": step, "tokens/s": tokens / step if step and tokens else None,
-         "gen s": mean_after_first(history, "timing_s/gen"), "train s": train,
+         "gen s": mean_after_first(history, "timing_s/gen"), "train s": train, "worker lp+upd s": worker,
          "trainer idle": mean_after_first(history, "async/trainer_idle_ratio"),
          "rollout idle": mean_after_first(history, "async/rollout_idle_ratio"),
          "sync s": mean_after_first(history, "timing_s/sync_weights") or mean_after_first(history,
@@ -158,7 +158,7 @@ def row(mode: str, history: list[dict], base: dict | None) -> dict:
     return r
 
 
-COLUMNS = ["mode", "s/step", "tokens/s", "speed-up", "gen s", "train s", "trainer idle", "rollout idle", "sync s",
+COLUMNS = ["mode", "s/step", "tokens/s", "speed-up", "gen s", "train s", "worker lp+upd s", "trainer idle", "rollout idle", "sync s",
            "staleness", "resp len mean", "resp len max", "score first", "score last 5", "score last 5 sd"]
 
 
@@ -193,6 +193,7 @@ def main() -> int:
     p.add_argument("--data-dir", default=None, help="smollm2: the folder of GSM8K's train/test.parquet")
     p.add_argument("--model-dir", default=None, help="longtail: an HF directory instead of the random long-tail one")
     p.add_argument("--out", default=None)
+    p.add_argument("--set", nargs="*", default=[], help="more key=value overrides for every mode")
     p.add_argument("--table", action="store_true", help="run nothing: the table of the modes already in --out")
     p.add_argument("--smoke", action="store_true", help="CPU check: the built-in tiny model, 2 CPU workers, 3 steps")
     a = p.parse_args()
@@ -227,7 +228,7 @@ def main() -> int:
         keys = job + MODES[mode] + pools(mode, a.gpus) + [
             f"trainer.device={'cpu' if a.smoke else 'cuda'}", "trainer.nnodes=1",
             f"trainer.total_training_steps={a.steps}", "trainer.save_freq=-1", "trainer.logger=[console,file]",
-            f"trainer.default_local_dir={os.path.join(out, mode)}"]
+            f"trainer.default_local_dir={os.path.join(out, mode)}"] + a.set
         if a.smoke:
             keys += ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.use_remove_padding=False",
                      "actor_rollout_ref.model.path=builtin://tiny-qwen2",

@@ -116,7 +116,7 @@ class ActorRolloutRefWorker(Worker):
         r = self.cfg.actor_rollout_ref.rollout
         spsq = self.cfg.actor_rollout_ref.actor.calculate_sum_pi_squared
         m: dict = {}
-        with self.measured("old_log_prob", m):
+        with self.measured("old_log_prob", m, "worker/old_log_prob"):
             out = self.actor.compute_log_prob(batch, r.log_prob_micro_batch_size_per_gpu, with_entropy=False,
                                               max_token_len=r.log_prob_max_token_len_per_gpu
                                               if r.log_prob_use_dynamic_bsz else None, with_sum_pi_squared=spsq)
@@ -138,7 +138,7 @@ class ActorRolloutRefWorker(Worker):
     @profiled("actor_update", role="actor")
     def update_actor(self, batch: Batch) -> dict:
         m: dict = {}
-        with self.measured("update_actor", m):
+        with self.measured("update_actor", m, "worker/update_actor"):
             out = self.actor.update_policy(batch)
         return {**out, **m}
 

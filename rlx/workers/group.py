@@ -120,7 +120,7 @@ class WorkerGroup:
     def __init__(self, worker_cls, pool: ResourcePool, *args):
         self.pool, self.world_size = pool, pool.world_size
         env = dict(WORKER_ENV, RLX_DRIVER_CWD=os.getcwd())  # relative output paths are the driver's
-        for key in ("RLX_CACHE", "HF_HOME", "HF_HUB_OFFLINE", "TRITON_INTERPRET"):  # (interpret: impl_backend=triton)
+        for key in ("RLX_CACHE", "HF_HOME", "HF_HUB_OFFLINE", "TRITON_INTERPRET", "RLX_WEIGHT_TRANSFER"):  # (interpret: impl_backend=triton)
             if key in os.environ:
                 env[key] = os.environ[key]
         if pool.device == "cpu":

@@ -13,6 +13,7 @@ role's own default group: neither pool's collectives see the other.
 from __future__ import annotations
 
 import datetime
+import os
 import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -66,7 +67,11 @@ class WeightTransfer:
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
         store = dist.PrefixStore("rlx_weights", store)
         self.rank, self.world_size, self.device = rank, world_size, device
-        if device.type == "cuda":
+        # RLX_WEIGHT_TRANSFER=gloo: through host memory over gloo even between GPUs (slower; for a cluster whose GPUs
+        # cannot reach each other over NCCL)
+        self.backend = "nccl" if device.type == "cuda" and os.environ.get("RLX_WEIGHT_TRANSFER") != "gloo" else "gloo"
+        self.wire = device if self.backend == "nccl" else torch.device("cpu")
+        if self.backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
@@ -98,7 +103,7 @@ class WeightTransfer:
                 assert name == info.names[i] and tuple(tensor.shape) == tuple(info.shapes[i]), (name, info.names[i])
                 buf[off:off + n].copy_(tensor.reshape(-1), non_blocking=True)
                 off += n
-            self._broadcast(buf)
+            self._broadcast(buf.to(self.wire))
         assert next(it, None) is None, "the policy has more weights than when the transfer group was made"
         return {"bytes": info.nbytes, "seconds": time.perf_counter() - start}
 
@@ -108,8 +113,9 @@ class WeightTransfer:
         dtype = getattr(torch, info.dtype)
         for bucket in info.buckets():
             numels = [_numel(info.shapes[i]) for i in bucket]
-            buf = torch.empty(sum(numels), dtype=dtype, device=self.device)
+            buf = torch.empty(sum(numels), dtype=dtype, device=self.wire)
             self._broadcast(buf)
+            buf = buf.to(self.device)
             off = 0
             for i, n in zip(bucket, numels):
                 yield info.names[i], buf[off:off + n].view(info.shapes[i])
