@@ -54,7 +54,7 @@ class Terminated(BaseException):
 
 class WorkerDied(RuntimeError):
     """A worker process of the run is gone (SIGKILL, out of memory, a crash): the message names its role, rank and
-    node; `log` holds (its log file, the file's last lines) for each."""
+    node; `logs` holds (its log file, the file's last lines) for each."""
 
     def __init__(self, message: str, logs: list[tuple[str, list[str]]]):
         super().__init__(message)
