@@ -48,6 +48,12 @@ def probe(n: int) -> str:
     return f"probe saw {n}"
 
 
+async def async_probe(n: int) -> str:
+    """`probe` as an async function (not a `function_tool` of this file): the in-process tests put it in probe's
+    place so that they start no tool worker process."""
+    return f"probe saw {n}"
+
+
 class BoomTool(BaseTool):
     async def execute(self, instance_id, parameters, **kwargs):
         raise RuntimeError("boom")

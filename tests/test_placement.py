@@ -13,9 +13,15 @@ import pytest
 
 class Probe:
     """Has the worker's constructor and rendezvous methods; reports where Ray put it."""
+    NAME = "probe"
 
     def __init__(self, cfg, rank: int, world_size: int):
         self.rank = rank
+
+    def process_info(self):
+        import os
+
+        return "127.0.0.1", os.getpid()
 
     def addr_port(self):
         return "127.0.0.1", 0

@@ -64,7 +64,8 @@ class MultiTurnConfig:
     num_repeat_rollouts: Optional[int] = None
     """verl key (not supported)."""
     tool_timeout_s: float = 60.0
-    """A tool call taking longer than this many seconds is abandoned; the model reads an error message instead."""
+    """A tool call taking longer than this many seconds is stopped (a sync function tool's worker process is killed);
+    the model reads an error message instead."""
 
 
 def uses_agent_loop(rollout) -> bool:

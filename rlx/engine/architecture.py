@@ -37,6 +37,12 @@ def describe(model: nn.Module, lora) -> dict:
 
 def expected(model_cfg, role: str) -> dict:
     """The record of the model `FSDPEngine` will build for `role` from `model_cfg`, built on the meta device."""
+    return describe(*build_meta(model_cfg, role))
+
+
+def build_meta(model_cfg, role: str):
+    """(the model `FSDPEngine` will build for `role` from `model_cfg` on the meta device, LoRA applied; its
+    `LoraSpec` or None). No weights are read."""
     from rlx.engine.fsdp import build_hf_model
     from rlx.engine.lora import apply_lora, lora_enabled
 
@@ -54,7 +60,7 @@ def expected(model_cfg, role: str) -> dict:
                                             target_modules=saved.target_modules,
                                             exclude_modules=saved.exclude_modules, lora_adapter_path=None)
         lora = apply_lora(model, model_cfg)
-    return describe(model, lora)
+    return model, lora
 
 
 def differences(saved: dict, built: dict) -> list[str]:

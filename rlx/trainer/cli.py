@@ -203,7 +203,7 @@ def _base_config_hint(args: CliArgs) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); returns the exit code."""
-    from rlx.trainer.launch import Terminated, sigterm_unwinds
+    from rlx.trainer.launch import ended_by_sigterm, sigterm_unwinds
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
@@ -218,12 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     with sigterm_unwinds():  # from here on SIGTERM ends the run as Ctrl-C does, whenever it comes
         try:
             return job.run()
-        except Terminated as e:
+        except BaseException as e:
+            # SIGTERM: `Terminated`, or whatever it surfaced as where the handler's exception met C code (a
+            # SystemError) or a cleanup; the run ends the same way every time
+            if isinstance(e, KeyboardInterrupt) and not ended_by_sigterm(e):
+                print(job.stop_line("interrupted (Ctrl-C)", e), file=sys.stderr, flush=True)
+                return 130
+            if not ended_by_sigterm(e):
+                raise
             print(job.stop_line("SIGTERM", e), file=sys.stderr, flush=True)
             return 143  # 128 + SIGTERM, what a shell reports for a process the signal ended
-        except KeyboardInterrupt as e:
-            print(job.stop_line("interrupted (Ctrl-C)", e), file=sys.stderr, flush=True)
-            return 130
 
 
 class _Job:
@@ -265,7 +269,8 @@ class _Job:
             return 2
         from rlx.checkpoint import DamagedCheckpointError
         from rlx.checkpoint_lock import CheckpointDirLocked
-        from rlx.trainer.launch import run
+        from rlx.checkpoint_space import DiskFullError
+        from rlx.trainer.launch import WorkerDied, last_checkpoint_note, run
         from rlx.trainer.ppo_trainer import TrainingStopped
         from rlx.trainer.preflight import PreflightError, preflight
 
@@ -288,6 +293,16 @@ class _Job:
             return 2
         except (TrainingStopped, DamagedCheckpointError) as e:
             print(f"rlx: training stopped: {e}", file=sys.stderr)
+            return 1
+        except WorkerDied as e:  # its log's last lines, then one line
+            for path, tail in e.logs:
+                if tail:
+                    print(f"last lines of {path}:\n  " + "\n  ".join(tail), file=sys.stderr)
+            at = f" at step {e.step}" if e.step is not None else ""
+            print(f"rlx: training stopped{at}: {e}. {last_checkpoint_note(cfg)}", file=sys.stderr, flush=True)
+            return 1
+        except DiskFullError as e:
+            print(f"rlx: training stopped: {e} {last_checkpoint_note(cfg)}", file=sys.stderr, flush=True)
             return 1
         return 0
 

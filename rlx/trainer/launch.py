@@ -52,6 +52,27 @@ class Terminated(BaseException):
     """The training step the run was at (None: before the trainer existed); `run` sets it."""
 
 
+class WorkerDied(RuntimeError):
+    """A worker process of the run is gone (SIGKILL, out of memory, a crash): the message names its role, rank and
+    node; `logs` holds (its log file, the file's last lines) for each."""
+
+    def __init__(self, message: str, logs: list[tuple[str, list[str]]]):
+        super().__init__(message)
+        self.logs = logs
+        self.step: int | None = None
+
+
+def worker_died(dead) -> WorkerDied:
+    """The `WorkerDied` of the dead workers `dead` (rlx.workers.group.WorkerInfo)."""
+    from rlx.workers.group import log_tail
+
+    who = "; ".join(f"{i.role} rank {i.rank} on node {i.node} (pid {i.pid})" for i in dead)
+    logs = [log_tail(i) for i in dead]
+    where = ", ".join(path for path, _ in logs)
+    return WorkerDied(f"a worker died: {who}; its process ended (killed, out of memory or crashed; its log: {where})",
+                      logs)
+
+
 class _Sigterm:
     """The driver's SIGTERM state: unwinding (the handler raises `Terminated` where the driver is) or `deferred`
     (during cleanup: the handler only records it, and `run` raises after the cleanup). One signal is enough: later
@@ -68,6 +89,23 @@ class _Sigterm:
         cls.received = True
         if not cls.deferred:
             raise Terminated()
+
+
+def ended_by_sigterm(e: BaseException) -> bool:
+    """Whether `e` is how a SIGTERM surfaced: `Terminated`, Ray's handler's `SystemExit(SIGTERM)` (while Ray
+    starts), or any error after the signal came (the handler's exception raised inside C code comes out as a
+    `SystemError`; a cleanup it cut short fails in its own way)."""
+    import signal
+
+    if _Sigterm.received:
+        return True
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, Terminated) or (isinstance(e, SystemExit) and e.code == signal.SIGTERM):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _main_thread() -> bool:
@@ -199,6 +237,23 @@ def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
         trainer.history = trainer.fit()
     except (Terminated, KeyboardInterrupt) as e:
         e.step = trainer.global_step if trainer is not None else None
+        raise
+    except BaseException as e:
+        step = trainer.global_step if trainer is not None else None
+        if ended_by_sigterm(e):  # SIGTERM surfaced as another error (a SystemError out of C code)
+            stopped = Terminated()
+            stopped.step = step
+            log.debug("SIGTERM surfaced as %s: %s", type(e).__name__, e)
+            raise stopped from None
+        if isinstance(e, ray.exceptions.RayError):
+            from rlx.workers.group import dead_workers
+
+            dead = dead_workers()
+            if dead:  # the error is the run noticing: name the worker instead of Ray's traceback
+                log.debug("the run stopped on %s: %s", type(e).__name__, e)
+                died = worker_died(dead)
+                died.step = step
+                raise died from None
         raise
     finally:
         with cleanup_uninterrupted():

@@ -498,11 +498,17 @@ class RayPPOTrainer:
 
         root, t = self._ckpt_root(), self.cfg.trainer
         d = ckpt.step_dir(root, self.global_step)
-        self.actor.save(os.path.join(d, "actor"))
-        if self.critic is not None:
-            self.critic.save(os.path.join(d, "critic"))
-        ckpt.save_driver_state(d, {"global_step": self.global_step, "dataloader": self.loader_state(),
-                                   "kl_ctrl_value": self.kl_ctrl.value})
+        try:
+            self.actor.save(os.path.join(d, "actor"))
+            if self.critic is not None:
+                self.critic.save(os.path.join(d, "critic"))
+            ckpt.save_driver_state(d, {"global_step": self.global_step, "dataloader": self.loader_state(),
+                                       "kl_ctrl_value": self.kl_ctrl.value})
+        except Exception as e:
+            full = self._disk_full(e, d)
+            if full is None:
+                raise
+            raise full from e
         ckpt.mark_complete(d)
         ckpt.write_latest(root, self.global_step)
         ckpt.rotate(root, t.max_actor_ckpt_to_keep, "actor")
@@ -512,6 +518,23 @@ class RayPPOTrainer:
     def loader_state(self) -> dict:
         """The data loader's position after the last trained batch (saved with a checkpoint)."""
         return self.train_loader.state_dict()
+
+    def _disk_full(self, e: BaseException, d: str):
+        """The `DiskFullError` of a save into `d` that failed with `e`, or None (another failure). Needed: the
+        last complete checkpoint's size on disk, else the preflight's estimate."""
+        from rlx import checkpoint as ckpt
+        from rlx import checkpoint_space as space
+
+        steps = ckpt.list_steps(self._ckpt_root())
+        if steps:
+            previous = ckpt.step_dir(self._ckpt_root(), steps[-1])
+            needed = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(previous) for f in fs)
+        else:
+            try:
+                needed = space.estimate(self.cfg, self.plan).total
+            except Exception:  # noqa: BLE001 - the line names the free space either way
+                needed = 0
+        return space.disk_full(e, d, needed, f"the checkpoint of step {self.global_step}")
 
     def resume(self) -> None:
         from rlx import checkpoint as ckpt

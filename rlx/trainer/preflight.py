@@ -17,7 +17,9 @@ seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
   `world_writable`) is loaded with a warning line naming the key, the file and why;
 - rollout: the vLLM a vLLM rollout will use is not older than the oldest supported release and was built for the
   installed torch (`rlx.workers.rollout.vllm_compat`);
-- checkpoints: `trainer.default_local_dir` is writable when something will be written there, and the checkpoint
+- checkpoints: `trainer.default_local_dir` is writable when something will be written there; when the job saves
+  (`trainer.save_freq`), its disk has room for two checkpoints (a new one is complete before an older one is rotated
+  out; the size estimated from the model on the meta device, `rlx.checkpoint_space`); the checkpoint
   to resume from exists, is complete, matches its checksums, and every file resume reads loads as resume loads it
   without running code (`rlx.checkpoint.check_resume_files`: JSON, `torch.load(weights_only=True)`, DCP
   metadata of DCP's types only); its models are the ones this run builds (`meta.json`'s record against the model
@@ -99,6 +101,8 @@ def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
     _check_lora_adapter(cfg, problems)
     _check_vllm(plan, problems)
     _check_writable(cfg, problems)
+    if model_dir is not None:
+        _check_disk_space(cfg, plan, problems)
     resume_dir = _check_resume(cfg, plan, problems)
     if problems:
         raise PreflightError(problems)
@@ -359,6 +363,29 @@ def _check_writable(cfg: RLXConfig, problems: list[str]) -> None:
         problems.append(f"trainer.default_local_dir={t.default_local_dir!r} is not writable: {why}. Checkpoints "
                         f"(trainer.save_freq) and logs go there. Fix: set trainer.default_local_dir to a writable "
                         f"directory.")
+
+
+def _check_disk_space(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> None:
+    """A job that saves checkpoints needs room for two on the disk of `trainer.default_local_dir`."""
+    from rlx import checkpoint_space as space
+
+    t = cfg.trainer
+    if t.save_freq is None or t.save_freq <= 0:
+        return
+    try:
+        size = space.estimate(cfg, plan)
+    except Exception as e:  # noqa: BLE001 - the model's own problem is reported by _check_model
+        log.warning("the size of a checkpoint could not be estimated (%s: %s)", type(e).__name__, _first_line(e))
+        return
+    free = space.free_bytes(t.default_local_dir)
+    if free < 2 * size.total:
+        problems.append(f"trainer.default_local_dir={t.default_local_dir!r}: a checkpoint of this job takes about "
+                        f"{space.human(size.total)} ({size.describe()}), and its disk "
+                        f"({space.nearest_existing(t.default_local_dir)}) has {space.human(free)} free: less than "
+                        f"the two checkpoints a save needs room for (the new one is complete before an older one "
+                        f"goes). Fix: free space there, set trainer.default_local_dir to a larger disk, or save less "
+                        f"(actor_rollout_ref.actor.checkpoint.save_contents without hf_model, or "
+                        f"trainer.save_freq=-1).")
 
 
 def _check_resume(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> str | None:

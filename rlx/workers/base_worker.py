@@ -48,6 +48,12 @@ class Worker:
         if cfg.trainer.device == "cpu":
             torch.set_num_threads(1)
 
+    def process_info(self) -> tuple[str, int]:
+        """(this worker's node address, its process id): what the driver names when the worker dies."""
+        import ray
+
+        return ray.util.get_node_ip_address(), os.getpid()
+
     def addr_port(self):
         import ray
 

@@ -14,9 +14,12 @@ rlx.workers.critic_worker): named methods that name the worker method they call,
 """
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import time
+import weakref
+from dataclasses import dataclass
 from typing import Callable, Union
 
 import ray
@@ -114,6 +117,57 @@ class ResourcePool:
             self.pg = None
 
 
+@dataclass
+class WorkerInfo:
+    """Who a worker is, for the line that ends a run when it dies."""
+    role: str
+    rank: int
+    node: str
+    """The node's address."""
+    pid: int
+
+
+_GROUPS: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
+"""The live worker groups of this driver (`dead_workers` checks theirs)."""
+
+
+def dead_workers(timeout_s: float = 10.0) -> list[WorkerInfo]:
+    """The workers of the live groups whose process is gone (Ray answers for a dead actor at once; a live one busy
+    with a long call is taken as alive after `timeout_s`)."""
+    probes = {w.__ray_ready__.remote(): g.info[rank] for g in list(_GROUPS) for rank, w in enumerate(g.workers)}
+    if not probes:
+        return []
+    ready, _ = ray.wait(list(probes), num_returns=len(probes), timeout=timeout_s)
+    dead = []
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError:
+            dead.append(probes[ref])
+    return sorted(dead, key=lambda i: (i.role, i.rank))
+
+
+def log_tail(info: WorkerInfo, lines: int = 10) -> tuple[str, list[str]]:
+    """(the worker's log file, its last `lines` lines) when the log is on this node (Ray's worker-*-<pid>.err,
+    else .out), else (where it is on its node, [])."""
+    try:
+        import ray._private.worker as ray_worker
+
+        logs = ray_worker.global_worker.node.get_logs_dir_path()
+    except AttributeError:  # a Ray without this (private) accessor
+        return f"<ray temp dir>/session_latest/logs/worker-*-{info.pid}.err on {info.node}", []
+    pattern = os.path.join(logs, f"worker-*-{info.pid}")
+    if info.node != ray.util.get_node_ip_address():
+        return f"{pattern}.err on node {info.node}", []
+    for ext in (".err", ".out"):
+        for path in sorted(glob.glob(pattern + ext)):
+            with open(path, errors="replace") as f:
+                tail = [line.rstrip("\n") for line in f.readlines()[-200:] if line.strip()][-lines:]
+            if tail:
+                return path, tail
+    return f"{pattern}.err", []
+
+
 class WorkerGroup:
     """The ranks of one role, one Ray actor per bundle of `pool`, forming one torch process group."""
 
@@ -129,6 +183,9 @@ class WorkerGroup:
         self.workers = [remote_cls.options(runtime_env={"env_vars": env}, **pool.options(rank)).remote(
             *args, rank, self.world_size) for rank in range(self.world_size)]
         pool.attach(self)
+        self.info = [WorkerInfo(worker_cls.NAME, rank, node, pid) for rank, (node, pid) in
+                     enumerate(ray.get([w.process_info.remote() for w in self.workers]))]
+        _GROUPS.add(self)
         addr, port = ray.get(self.workers[0].addr_port.remote())
         ray.get([w.init_distributed.remote(addr, port) for w in self.workers])
         log.info("%s: %d ranks, rendezvous %s:%d, rank -> (bundle, node): %s", worker_cls.__name__,
@@ -181,6 +238,7 @@ class WorkerGroup:
 
     def shutdown(self):
         """Kill this role's workers; the pool's placement group goes when its last group is shut down."""
+        _GROUPS.discard(self)
         for w in self.workers:
             ray.kill(w)
         self.workers = []

@@ -10,19 +10,20 @@
   comes from the signature and the docstring's `Args:` lines. It returns a str, a ToolResponse, a dict (sent as
   JSON) or (text, reward).
 
-`call_tool` runs one call: a tool that raises, hangs past the timeout or returns nonsense yields an error text for
-the model and `error=True`, never an exception. A hung synchronous function keeps its thread until it returns
-(Python cannot stop a thread); the trajectory goes on without it.
+`call_tool` runs one call: a tool that raises, hangs past the timeout, ends its process or returns nonsense yields an
+error text for the model and `error=True`, never an exception. Synchronous function tools run in worker processes
+(`tool_procs`): a call past the timeout is killed, not abandoned; what it prints is captured, capped and logged; a
+tool that ends its process (`os._exit`) is named in a warning and its trajectory reads an error reply. Async tools
+run on the rollout's event loop (a timed-out one is cancelled).
 """
 from __future__ import annotations
 
 import asyncio
-import functools
 import importlib
-from concurrent.futures import ThreadPoolExecutor
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import re
 import time
@@ -30,6 +31,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from rlx.workers.rollout.agent import tool_procs
+
+logger = logging.getLogger("rlx")
 VERL_TOOL_CLASSES = {"verl.tools.gsm8k_tool.Gsm8kTool": "rlx.workers.rollout.agent.gsm8k_tool.Gsm8kTool"}
 
 
@@ -54,22 +58,29 @@ class BaseTool:
         pass
 
 
-_SYNC_TOOLS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="rlx-tool")
-"""Threads of synchronous function tools, shared by the rollouts of this process."""
-
-
 class FunctionTool:
-    """A plain function as a tool (stateless: no create/release)."""
+    """A plain function as a tool (stateless: no create/release). A sync function runs in a worker process of
+    `tool_procs` (found there by `ref`: its module, or the file `path` it was loaded from); an async one runs here."""
 
-    def __init__(self, fn: Callable, schema: dict):
+    def __init__(self, fn: Callable, schema: dict, path: Optional[str] = None):
         self.fn, self.tool_schema, self.name = fn, schema, schema["function"]["name"]
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.ref = None if self.is_async else tool_procs.function_ref(fn, path)
 
-    async def call(self, parameters: dict):
-        if inspect.iscoroutinefunction(self.fn):
+    async def call(self, parameters: dict, timeout_s: float):
+        """The function's return value; raises `tool_procs.ToolTimeout` / `ToolProcessDied` / `ToolError` for a
+        sync function that timed out (killed), ended its process or raised."""
+        if self.is_async:
             return await self.fn(**parameters)
-        # not the event loop's default executor: asyncio.run waits for that one at the end of the rollout, so a
-        # sync tool that hangs past its timeout would hold the whole step until it returns
-        return await asyncio.get_running_loop().run_in_executor(_SYNC_TOOLS, functools.partial(self.fn, **parameters))
+        # the pool's own threads, not the event loop's default executor: asyncio.run waits for that one at the end
+        # of the rollout; each of these returns by the call's deadline
+        pool = tool_procs.pool()
+        deadline = time.monotonic() + timeout_s
+        value, output = await asyncio.get_running_loop().run_in_executor(
+            pool.callers, pool.call, self.ref, dict(parameters), deadline)
+        if output:
+            logger.info("tool %r printed:\n%s", self.name, output)
+        return value
 
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
@@ -146,7 +157,7 @@ def load_function_tools(path: str) -> list[FunctionTool]:
     if not fns:
         raise ValueError(f"actor_rollout_ref.rollout.multi_turn.function_tool_path={path!r} defines no function "
                          f"decorated with @function_tool")
-    return [FunctionTool(fn, function_schema(fn)) for fn in fns]
+    return [FunctionTool(fn, function_schema(fn), path) for fn in fns]
 
 
 def load_tools(tool_config_path: Optional[str], function_tool_path: Optional[str]) -> dict:
@@ -160,6 +171,9 @@ def load_tools(tool_config_path: Optional[str], function_tool_path: Optional[str
                              f"function_tool_path)")
         tools[tool.name] = tool
     return tools
+
+
+_KILL_SLACK_S = 5.0
 
 
 @dataclass
@@ -189,7 +203,7 @@ async def call_tool(tool, arguments: dict, tools_kwargs: dict, timeout_s: float)
 
     async def run():
         if isinstance(tool, FunctionTool):
-            return _text_of(await tool.call(arguments))
+            return _text_of(await tool.call(arguments, timeout_s))
         create_kwargs = (tools_kwargs.get(tool.name) or {}).get("create_kwargs") or {}
         instance_id, _ = await tool.create(create_kwargs=create_kwargs, **create_kwargs)
         try:
@@ -199,12 +213,25 @@ async def call_tool(tool, arguments: dict, tools_kwargs: dict, timeout_s: float)
         finally:
             await tool.release(instance_id)
 
+    # a sync function tool keeps its own deadline (and kills the call at it); the slack lets it report first
+    in_process = isinstance(tool, FunctionTool) and not tool.is_async
     try:
-        text, reward = await asyncio.wait_for(run(), timeout=timeout_s)
+        text, reward = await asyncio.wait_for(run(), timeout=timeout_s + (_KILL_SLACK_S if in_process else 0.0))
         return ToolResult(text, reward, False, time.perf_counter() - t0)
-    except asyncio.TimeoutError:
+    except (asyncio.TimeoutError, tool_procs.ToolTimeout) as e:
+        if isinstance(e, tool_procs.ToolTimeout):
+            logger.warning("rlx: tool %r timed out after %g s: %s", tool.name, timeout_s, e)
         return ToolResult(f"Error: tool '{tool.name}' timed out after {timeout_s:g} s", 0.0, True,
                           time.perf_counter() - t0)
+    except tool_procs.ToolProcessDied as e:
+        logger.warning("rlx: tool %r ended its worker process (%s); the trajectory got an error reply and the "
+                       "process was replaced", tool.name, e)
+        return ToolResult(f"Error: tool '{tool.name}' crashed: its process ended ({e})", 0.0, True,
+                          time.perf_counter() - t0)
+    except tool_procs.ToolError as e:
+        if e.output:
+            logger.info("tool %r raised; its output:\n%s", tool.name, e.output)
+        return ToolResult(f"Error: tool '{tool.name}' failed: {e}", 0.0, True, time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - a tool's failure is the model's observation, never a crashed step
         return ToolResult(f"Error: tool '{tool.name}' failed: {type(e).__name__}: {e}", 0.0, True,
                           time.perf_counter() - t0)
