@@ -152,7 +152,7 @@ def test_fused_head_and_tiling_knobs_checked():
               "critic.model.enable_gradient_checkpointing=False")
     assert "actor_rollout_ref.model.tile_layer_tokens=-8 must be >= 0" in msg
     assert "critic.model.tile_layer_tokens=4096 recomputes each decoder layer" in msg
-    assert "set critic.model.enable_gradient_checkpointing=True" in msg
+    assert "Fix: critic.model.enable_gradient_checkpointing=True" in msg
     cfg = load_config(["actor_rollout_ref.model.tile_layer_tokens=8192", "critic.model.tile_layer_tokens=8192",
                        "actor_rollout_ref.model.activation_offload.reserve_pool=False"])
     assert cfg.actor_rollout_ref.model.tile_layer_tokens == cfg.critic.model.tile_layer_tokens == 8192

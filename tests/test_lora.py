@@ -213,8 +213,8 @@ def test_lora_config_errors():
                                                            "actor_rollout_ref.model.lora_alpha=0")
     msg = err("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj,qkv_proj]")
     assert "['qkv_proj'] name no module" in msg and "gate_proj" in msg, msg
-    assert "Remove lm_head" in err("actor_rollout_ref.model.lora_rank=8",
-                                   "actor_rollout_ref.model.target_modules=[q_proj,lm_head]")
+    assert "Fix: remove lm_head" in err("actor_rollout_ref.model.lora_rank=8",
+                                        "actor_rollout_ref.model.target_modules=[q_proj,lm_head]")
     msg = err("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=fsdp",
               "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16")
     assert "actor.strategy=fsdp2" in msg, msg

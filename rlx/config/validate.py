@@ -106,7 +106,7 @@ def _check_sequence_parallel(cfg, errors):
     ws = world_size(cfg)
     for key, sp, prefix, model in _sp_roles(cfg):
         if not isinstance(sp, int) or isinstance(sp, bool) or sp < 1:
-            errors.append(f"{key}={sp!r} must be a positive integer (1 turns sequence parallelism off).")
+            errors.append(f"{key}={sp!r} must be a positive integer (1 turns sequence parallelism off). Fix: {key}=1.")
             continue
         if sp == 1:
             continue
@@ -157,7 +157,8 @@ def _check_fsdp_size(cfg, errors):
         key = f"{role}.fsdp_config.fsdp_size" if role != "critic" else "critic.model.fsdp_config.fsdp_size"
         n = _get(cfg, key)
         if not isinstance(n, int) or isinstance(n, bool):
-            errors.append(f"{key}={n!r} must be an integer: -1 (shard over all ranks) or a divisor of the world size.")
+            errors.append(f"{key}={n!r} must be an integer: -1 (shard over all ranks) or a divisor of the world size. "
+                          f"Fix: {key}=-1.")
         elif n == 0 or (0 < n < ws and ws % n):
             errors.append(f"{key}={n} must divide the world size {ws} (trainer.nnodes * trainer.n_gpus_per_node): "
                           f"the ranks split into replicas of {key} ranks that each shard the model (hybrid sharding). "
@@ -184,7 +185,7 @@ def _check_not_supported(cfg, errors):
         value = _get(cfg, key)
         if value != default:
             why = f" ({NOT_SUPPORTED_REASONS[key]})" if key in NOT_SUPPORTED_REASONS else ""
-            errors.append(f"{key}={value!r} is not supported yet by rlx{why}; remove it (or set {key}={default}).")
+            errors.append(f"{key}={value!r} is not supported yet by rlx{why}. Fix: remove it (or set {key}={default}).")
     for key, replacement in DEPRECATED.items():  # left set by rlx.config.deprecated: too small, or both set
         value, per_gpu = _get(cfg, key), _get(cfg, replacement)
         if value is None:
@@ -229,7 +230,7 @@ def _check_offload(cfg, errors):
         layers = model.override_config.get("num_hidden_layers") or num_hidden_layers(model.path)
         if layers is not None and layers < 3:
             errors.append(f"{prefix}.enable_activation_offload=True needs a model with at least 3 decoder layers "
-                          f"({prefix}.path={model.path!r} has {layers}); set "
+                          f"({prefix}.path={model.path!r} has {layers}). Fix: "
                           f"{prefix}.enable_activation_offload=False.")
 
 
@@ -343,16 +344,19 @@ def _check_long_sequences(cfg, errors):
     for prefix in ("actor_rollout_ref.model", "critic.model"):
         tile = _get(cfg, f"{prefix}.tile_mlp_tokens")
         if tile < 0:
-            errors.append(f"{prefix}.tile_mlp_tokens={tile} must be >= 0 (0 turns MLP tiling off).")
+            errors.append(f"{prefix}.tile_mlp_tokens={tile} must be >= 0 (0 turns MLP tiling off). Fix: "
+                          f"{prefix}.tile_mlp_tokens=0.")
         elif tile and _get(cfg, f"{prefix}.activation_offload.recompute_mlp"):
             errors.append(f"{prefix}.tile_mlp_tokens={tile} and {prefix}.activation_offload.recompute_mlp=True both "
-                          f"replace the MLP's forward; choose one (tiling also recomputes the MLP in backward).")
+                          f"replace the MLP's forward (tiling also recomputes the MLP in backward). Fix: "
+                          f"{prefix}.activation_offload.recompute_mlp=False, or {prefix}.tile_mlp_tokens=0.")
         layer = _get(cfg, f"{prefix}.tile_layer_tokens")
         if layer < 0:
-            errors.append(f"{prefix}.tile_layer_tokens={layer} must be >= 0 (0 turns layer tiling off).")
+            errors.append(f"{prefix}.tile_layer_tokens={layer} must be >= 0 (0 turns layer tiling off). Fix: "
+                          f"{prefix}.tile_layer_tokens=0.")
         elif layer and not _get(cfg, f"{prefix}.enable_gradient_checkpointing"):
             errors.append(f"{prefix}.tile_layer_tokens={layer} recomputes each decoder layer in backward (a tiled "
-                          f"form of checkpointing); set {prefix}.enable_gradient_checkpointing=True, or "
+                          f"form of checkpointing). Fix: {prefix}.enable_gradient_checkpointing=True, or "
                           f"{prefix}.tile_layer_tokens=0.")
 
 
@@ -383,11 +387,12 @@ def _check_lora(cfg, errors):
     model = cfg.actor_rollout_ref.model
     rank = model.lora_rank
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-        errors.append(f"{key}.lora_rank={rank!r} must be an integer >= 0 (0 turns LoRA off).")
+        errors.append(f"{key}.lora_rank={rank!r} must be an integer >= 0 (0 turns LoRA off). Fix: {key}.lora_rank=0, "
+                      f"or a rank such as 32.")
         return
     if model.lora_adapter_path is not None and not isinstance(model.lora_adapter_path, str):
         errors.append(f"{key}.lora_adapter_path={model.lora_adapter_path!r} must be the path of a peft adapter "
-                      f"directory (or null).")
+                      f"directory (or null). Fix: {key}.lora_adapter_path=<adapter dir>.")
     if rank == 0 and model.lora_adapter_path:  # the adapter's rank, alpha and targets (checked by the preflight)
         _check_lora_dtype(cfg, key, "lora_adapter_path", errors)
         return
@@ -395,7 +400,7 @@ def _check_lora(cfg, errors):
         return
     if not isinstance(model.lora_alpha, (int, float)) or isinstance(model.lora_alpha, bool) or model.lora_alpha <= 0:
         errors.append(f"{key}.lora_alpha={model.lora_alpha!r} must be a positive number (the adapters are scaled "
-                      f"by lora_alpha / lora_rank).")
+                      f"by lora_alpha / lora_rank). Fix: {key}.lora_alpha={2 * rank}.")
     lists = {}
     for k in ("target_modules", "exclude_modules"):
         v = _get(model, k)
@@ -403,18 +408,19 @@ def _check_lora(cfg, errors):
             continue
         if isinstance(v, str):
             if not v:
-                errors.append(f"{key}.{k}='' names no module; give all-linear or a list such as [q_proj,v_proj].")
+                errors.append(f"{key}.{k}='' names no module. Fix: {key}.{k}=all-linear, or a list such as "
+                              f"[q_proj,v_proj].")
             continue
         if not isinstance(v, (list, tuple)) or not v or not all(isinstance(x, str) and x for x in v):
             errors.append(f"{key}.{k}={v!r} must be all-linear, a module name / regex, or a non-empty list of module "
-                          f"names such as [q_proj,k_proj,v_proj,o_proj].")
+                          f"names. Fix: {key}.{k}=all-linear, or a list such as [q_proj,k_proj,v_proj,o_proj].")
             continue
         lists[k] = list(v)
     for k in ("lm_head", "embed_tokens"):
         if k in lists.get("target_modules", []):
             errors.append(f"{key}.target_modules contains {k}: rlx puts LoRA on the decoder layers' linear projections "
                           f"only (the fused head reads the output projection's weight, tied to the embedding). "
-                          f"Remove {k}.")
+                          f"Fix: remove {k} from {key}.target_modules.")
     if lists:
         try:
             names = model_module_names(model.path, model.trust_remote_code)
@@ -426,7 +432,7 @@ def _check_lora(cfg, errors):
                 missing = [t for t in listed if not any(n == t or n.endswith("." + t) for n, _ in names)]
                 if missing:
                     errors.append(f"{key}.{k}={listed}: {missing} name no module of {model.path}; its linear modules "
-                                  f"are {linear} (or use target_modules=all-linear).")
+                                  f"are {linear}. Fix: name some of them, or {key}.target_modules=all-linear.")
     _check_lora_dtype(cfg, key, f"lora_rank={rank}", errors)
 
 
@@ -456,7 +462,8 @@ def _check_algorithm(cfg, errors):
     if plan_roles(cfg).critic:
         _choice(errors, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES)
     if actor.clip_ratio_c <= 1.0:
-        errors.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual clip).")
+        errors.append(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual clip). Fix: "
+                      f"actor_rollout_ref.actor.clip_ratio_c=3.0 (verl's default).")
     _check_policy_loss(cfg, errors)
     _check_estimator_inputs(cfg, errors)
 
@@ -468,12 +475,14 @@ def _check_policy_loss(cfg, errors):
     if pl.loss_mode == "dro" and (pl.dro_beta is None or not pl.dro_beta > 0):
         errors.append(f"{key}.loss_mode=dro needs {key}.dro_beta > 0, got {pl.dro_beta}. Fix: {key}.dro_beta=0.1.")
     if pl.loss_mode == "clip_cov" and not pl.clip_cov_ratio > 0:
-        errors.append(f"{key}.clip_cov_ratio={pl.clip_cov_ratio} must be > 0 with loss_mode=clip_cov.")
+        errors.append(f"{key}.clip_cov_ratio={pl.clip_cov_ratio} must be > 0 with loss_mode=clip_cov. Fix: "
+                      f"{key}.clip_cov_ratio=0.0002 (verl's default).")
     if pl.loss_mode == "kl_cov" and not pl.kl_cov_ratio > 0:
-        errors.append(f"{key}.kl_cov_ratio={pl.kl_cov_ratio} must be > 0 with loss_mode=kl_cov.")
+        errors.append(f"{key}.kl_cov_ratio={pl.kl_cov_ratio} must be > 0 with loss_mode=kl_cov. Fix: "
+                      f"{key}.kl_cov_ratio=0.0002 (verl's default).")
     if actor.loss_scale_factor is not None and not actor.loss_scale_factor > 0:
         errors.append(f"actor_rollout_ref.actor.loss_scale_factor={actor.loss_scale_factor} must be > 0 (or null: "
-                      f"the response length).")
+                      f"the response length). Fix: actor_rollout_ref.actor.loss_scale_factor=null.")
 
 
 def _check_estimator_inputs(cfg, errors):
@@ -491,7 +500,8 @@ def _check_estimator_inputs(cfg, errors):
     weights = alg.gdpo_reward_weights
     if weights is not None and len(weights) != len(alg.gdpo_reward_keys or []):
         errors.append(f"algorithm.gdpo_reward_weights={list(weights)} needs one weight per "
-                      f"algorithm.gdpo_reward_keys entry ({list(alg.gdpo_reward_keys or [])}).")
+                      f"algorithm.gdpo_reward_keys entry ({list(alg.gdpo_reward_keys or [])}). Fix: one weight per "
+                      f"key, or algorithm.gdpo_reward_weights=null (1 each).")
     for key in ("actor_rollout_ref.actor.optim.warmup_style", "critic.optim.warmup_style"):
         _choice(errors, key, _get(cfg, key), ("constant", "cosine"))
 
@@ -503,7 +513,7 @@ def _check_rollout(cfg, errors):
     if vllm_missing(r.name):
         from rlx.config.device import VLLM_INSTALL_HINT
         errors.append(f"actor_rollout_ref.rollout.name=vllm but vLLM is not installed. {VLLM_INSTALL_HINT} "
-                      f"Or use actor_rollout_ref.rollout.name=hf.")
+                      f"Fix: install it as above, or actor_rollout_ref.rollout.name=hf.")
     greedy = (not r.do_sample) or r.temperature == 0
     if r.n > 1 and greedy:
         errors.append(f"actor_rollout_ref.rollout.n={r.n} with greedy sampling (do_sample={r.do_sample}, "
@@ -530,7 +540,8 @@ def _check_rollout(cfg, errors):
     need = cfg.data.max_prompt_length + cfg.data.max_response_length
     if r.max_model_len is not None and r.max_model_len < need:
         errors.append(f"actor_rollout_ref.rollout.max_model_len={r.max_model_len} is smaller than data.max_prompt_length"
-                      f" + data.max_response_length = {need}; raise max_model_len or shorten the lengths.")
+                      f" + data.max_response_length = {need}. Fix: actor_rollout_ref.rollout.max_model_len={need} "
+                      f"(or null), or shorter lengths.")
 
 
 def _check_reward_pool(cfg, errors):
@@ -567,7 +578,8 @@ def _check_reward_model(cfg, errors):
                   "(the token budget of the reward model's micro-batches when reward_model.micro_batch_size_per_gpu "
                   "is null)")
     elif (rm.micro_batch_size_per_gpu or rm.micro_batch_size) <= 0:
-        errors.append(f"reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu!r} must be positive.")
+        errors.append(f"reward_model.micro_batch_size_per_gpu={rm.micro_batch_size_per_gpu!r} must be positive. Fix: "
+                      f"reward_model.micro_batch_size_per_gpu=<rows per GPU>.")
     name = rm.rollout.name
     if name is not None and name not in ENGINES:
         errors.append(f"reward_model.rollout.name={name!r}: rlx scores a reward model with its FSDP worker (the "
@@ -577,7 +589,8 @@ def _check_reward_model(cfg, errors):
     if rm.rollout.dtype is not None:
         _choice(errors, "reward_model.rollout.dtype", rm.rollout.dtype, ROLLOUT_DTYPES)
     if rm.max_length is not None and rm.max_length <= 0:
-        errors.append(f"reward_model.max_length={rm.max_length} must be positive (or null).")
+        errors.append(f"reward_model.max_length={rm.max_length} must be positive (or null). Fix: "
+                      f"reward_model.max_length=null.")
 def _check_judge(cfg, errors):
     """reward_model.judge.*: a generative reward model needs the reward model on, a template with the fields it
     fills, a score range, and an engine that can serve it."""
@@ -617,7 +630,7 @@ def _check_judge(cfg, errors):
         errors.append(f"reward_model.judge.temperature={j.temperature} must be positive with "
                       f"reward_model.judge.do_sample=True. Fix: a positive temperature, or do_sample=False (greedy).")
     if not 0 < j.top_p <= 1:
-        errors.append(f"reward_model.judge.top_p={j.top_p} must be in (0, 1].")
+        errors.append(f"reward_model.judge.top_p={j.top_p} must be in (0, 1]. Fix: reward_model.judge.top_p=1.0.")
     r = rm.rollout
     for key in ("prompt_length", "response_length"):
         if getattr(r, key) is not None and getattr(r, key) <= 0:
@@ -626,7 +639,7 @@ def _check_judge(cfg, errors):
         from rlx.config.device import VLLM_INSTALL_HINT
         errors.append(f"the judge generates with vLLM (reward_model.rollout.name={r.name!r}, "
                       f"actor_rollout_ref.rollout.name={cfg.actor_rollout_ref.rollout.name!r}) but vLLM is not "
-                      f"installed. {VLLM_INSTALL_HINT} Or use reward_model.rollout.name=hf.")
+                      f"installed. {VLLM_INSTALL_HINT} Fix: install it as above, or reward_model.rollout.name=hf.")
     if r.load_format is not None and str(r.load_format).startswith("dummy"):
         errors.append(f"reward_model.rollout.load_format={r.load_format!r} gives the judge random weights (nothing "
                       f"is synced into it). Fix: reward_model.rollout.load_format=auto (or leave it out).")
@@ -661,11 +674,12 @@ def _check_agent(cfg, errors):
     agent, mt = r.agent, r.multi_turn
     if not agent.agent_loop_config_path and agent.default_agent_loop not in AGENT_LOOPS:
         errors.append(f"{key}.agent.default_agent_loop={agent.default_agent_loop!r} is not a built-in agent loop "
-                      f"{list(AGENT_LOOPS)}; register it with {key}.agent.agent_loop_config_path or pick one of those.")
+                      f"{list(AGENT_LOOPS)}. Fix: register it with {key}.agent.agent_loop_config_path, or pick one "
+                      f"of those.")
     for k in ("agent.agent_loop_config_path", "multi_turn.tool_config_path", "multi_turn.function_tool_path"):
         path = _get(r, k)
         if path and not os.path.isfile(os.path.expanduser(path)):
-            errors.append(f"{key}.{k}={path!r} is not a file; give the path of an existing file.")
+            errors.append(f"{key}.{k}={path!r} is not a file. Fix: {key}.{k}=<the path of an existing file>.")
     _choice(errors, f"{key}.multi_turn.format", mt.format, TOOL_FORMATS)
     _choice(errors, f"{key}.multi_turn.tool_response_truncate_side", mt.tool_response_truncate_side, TRUNCATE_SIDES)
     _choice(errors, f"{key}.multi_turn.tokenization_sanity_check_mode", mt.tokenization_sanity_check_mode,
@@ -673,11 +687,13 @@ def _check_agent(cfg, errors):
     _positive(errors, f"{key}.multi_turn.max_parallel_calls", mt.max_parallel_calls)
     _positive(errors, f"{key}.multi_turn.max_tool_response_length", mt.max_tool_response_length)
     if not (isinstance(mt.tool_timeout_s, (int, float)) and mt.tool_timeout_s > 0):
-        errors.append(f"{key}.multi_turn.tool_timeout_s={mt.tool_timeout_s!r} must be a positive number of seconds.")
+        errors.append(f"{key}.multi_turn.tool_timeout_s={mt.tool_timeout_s!r} must be a positive number of seconds. "
+                      f"Fix: {key}.multi_turn.tool_timeout_s=30.")
     for k in ("max_assistant_turns", "max_user_turns"):
         v = getattr(mt, k)
         if v is not None and (not isinstance(v, int) or v < 1):
-            errors.append(f"{key}.multi_turn.{k}={v!r} must be a positive integer or null (no limit).")
+            errors.append(f"{key}.multi_turn.{k}={v!r} must be a positive integer or null (no limit). Fix: "
+                          f"{key}.multi_turn.{k}=null.")
     tools_wanted = mt.enable or agent.default_agent_loop == "tool_agent"
     if uses_agent_loop(r) and tools_wanted and not cfg.data.return_raw_chat:
         errors.append(f"the tool_agent loop renders each row's chat itself and needs data.return_raw_chat=True "
@@ -716,18 +732,21 @@ def _check_reward(cfg, errors):
         return
     key = "reward_model.reward_kwargs.overlong_buffer_cfg"
     if not isinstance(buffer, dict):
-        errors.append(f"{key}={buffer!r} must be a dict {{enable, len, penalty_factor, log}}.")
+        errors.append(f"{key}={buffer!r} must be a dict {{enable, len, penalty_factor, log}}. Fix: set its keys, "
+                      f"e.g. +{key}.enable=True +{key}.len=4096.")
         return
     unknown = sorted(set(buffer) - set(OVERLONG_BUFFER_KEYS))
     if unknown:
-        errors.append(f"{key} has unknown key(s) {unknown}; verl's are {list(OVERLONG_BUFFER_KEYS)}.")
+        errors.append(f"{key} has unknown key(s) {unknown}; verl's are {list(OVERLONG_BUFFER_KEYS)}. Fix: remove "
+                      f"them.")
     if buffer.get("enable"):
         length = buffer.get("len")
         if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
-            errors.append(f"{key}.len={length!r} must be a positive number of tokens with {key}.enable=True.")
+            errors.append(f"{key}.len={length!r} must be a positive number of tokens with {key}.enable=True. Fix: "
+                          f"{key}.len=4096 (tokens before the response limit where the penalty starts).")
         if not isinstance(buffer.get("penalty_factor"), (int, float)):
             errors.append(f"{key}.penalty_factor={buffer.get('penalty_factor')!r} must be a number with "
-                          f"{key}.enable=True.")
+                          f"{key}.enable=True. Fix: {key}.penalty_factor=1.0.")
 
 
 FILTER_METRICS_SEQ = ("reward", "seq_reward", "seq_final_reward")
@@ -739,7 +758,8 @@ def _check_sampling(cfg, errors):
     fg, data = cfg.algorithm.filter_groups, cfg.data
     gen = data.gen_batch_size
     if gen is not None and (not isinstance(gen, int) or isinstance(gen, bool) or gen <= 0):
-        errors.append(f"data.gen_batch_size={gen!r} must be a positive number of prompts, or null.")
+        errors.append(f"data.gen_batch_size={gen!r} must be a positive number of prompts, or null. Fix: "
+                      f"data.gen_batch_size=null.")
     elif gen is not None and gen != data.train_batch_size and not fg.enable:
         errors.append(f"data.gen_batch_size={gen} differs from data.train_batch_size={data.train_batch_size} "
                       f"without algorithm.filter_groups.enable (verl would then train each step on gen_batch_size "
@@ -747,22 +767,24 @@ def _check_sampling(cfg, errors):
     if fg.enable:
         if not isinstance(fg.metric, str) or not fg.metric:
             errors.append(f"algorithm.filter_groups.metric={fg.metric!r} must name what varies within a group: "
-                          f"one of {list(FILTER_METRICS_SEQ)} or a key of the score function's dict (acc, ...).")
+                          f"one of {list(FILTER_METRICS_SEQ)} or a key of the score function's dict (acc, ...). "
+                          f"Fix: algorithm.filter_groups.metric=acc.")
         elif fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
             errors.append("algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=True: the "
                           "KL penalty is computed after the groups are chosen. Fix: metric=seq_reward (the score "
                           "before the penalty), or algorithm.use_kl_in_reward=False.")
         if not isinstance(fg.max_num_gen_batches, int) or isinstance(fg.max_num_gen_batches, bool):
             errors.append(f"algorithm.filter_groups.max_num_gen_batches={fg.max_num_gen_batches!r} must be an "
-                          f"integer (0 or less: no limit).")
+                          f"integer (0 or less: no limit). Fix: algorithm.filter_groups.max_num_gen_batches=10.")
     if not isinstance(fg.max_inflight_gen_batches, int) or fg.max_inflight_gen_batches <= 0:
         errors.append(f"algorithm.filter_groups.max_inflight_gen_batches={fg.max_inflight_gen_batches!r} must be a "
-                      f"positive integer.")
+                      f"positive integer. Fix: algorithm.filter_groups.max_inflight_gen_batches=1.")
     _check_rollout_correction(cfg, errors)
     pf = cfg.algorithm.pf_ppo
     _choice(errors, "algorithm.pf_ppo.reweight_method", pf.reweight_method, PF_PPO_METHODS)
     if not isinstance(pf.weight_pow, (int, float)) or isinstance(pf.weight_pow, bool):
-        errors.append(f"algorithm.pf_ppo.weight_pow={pf.weight_pow!r} must be a number.")
+        errors.append(f"algorithm.pf_ppo.weight_pow={pf.weight_pow!r} must be a number. Fix: "
+                      f"algorithm.pf_ppo.weight_pow=2.0.")
 
 
 def _check_rollout_correction(cfg, errors):
@@ -771,7 +793,8 @@ def _check_rollout_correction(cfg, errors):
     rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     if rc.rollout_is is not None:
         if rc.rollout_is not in IS_LEVELS:
-            errors.append(f"{key}.rollout_is={rc.rollout_is!r} is not valid; choose one of {list(IS_LEVELS)} or null.")
+            errors.append(f"{key}.rollout_is={rc.rollout_is!r} is not valid; choose one of {list(IS_LEVELS)} or null. "
+                          f"Fix: {key}.rollout_is=token, or null.")
         if rc.rollout_is_threshold is None:
             errors.append(f"{key}.rollout_is_threshold=null with {key}.rollout_is={rc.rollout_is!r}: no weights would "
                           f"be computed (verl skips them). Fix: a number (TIS) or 'lower_upper' (IcePop).")
@@ -779,12 +802,13 @@ def _check_rollout_correction(cfg, errors):
             try:
                 parse_is_threshold(rc.rollout_is_threshold)
             except ValueError as e:
-                errors.append(f"{e}.")
+                errors.append(f"{e}. Fix: {key}.rollout_is_threshold=2.0 (TIS), or a 'lower_upper' pair such as "
+                              f"'0.5_2.0' (IcePop).")
     if rc.rollout_rs is not None:
         try:
             parse_rs(rc.rollout_rs, rc.rollout_rs_threshold)
         except ValueError as e:
-            errors.append(f"{e}.")
+            errors.append(f"{e}. Fix: see docs/algorithms.md (rollout correction) for each option's threshold.")
     if rc.bypass_mode:
         from rlx.algos.rollout_correction import BYPASS_LOSS_TYPES
 
@@ -809,31 +833,34 @@ def _check_data_trainer(cfg, errors):
     _choice(errors, "data.truncation", cfg.data.truncation, TRUNCATIONS)
     for key in ("data.max_prompt_length", "data.max_response_length", "data.train_batch_size"):
         if _get(cfg, key) <= 0:
-            errors.append(f"{key} must be positive, got {_get(cfg, key)}.")
+            errors.append(f"{key} must be positive, got {_get(cfg, key)}. Fix: {key}=<a positive integer>.")
     t = cfg.trainer
     _choice(errors, "trainer.device", t.device, ("cpu", "cuda"))  # `auto` is resolved at load (rlx.config.device)
     _choice(errors, "trainer.resume_mode", t.resume_mode, ("auto", "disable", "resume_path"))
     _choice(errors, "trainer.use_legacy_worker_impl", t.use_legacy_worker_impl, LEGACY_WORKER_IMPL)
     _choice(errors, "trainer.on_damaged_checkpoint", t.on_damaged_checkpoint, ("previous", "error"))
     if t.log_val_generations < 0:
-        errors.append(f"trainer.log_val_generations={t.log_val_generations} must be >= 0 (0: none).")
+        errors.append(f"trainer.log_val_generations={t.log_val_generations} must be >= 0 (0: none). Fix: "
+                      f"trainer.log_val_generations=0.")
     if t.max_consecutive_skipped_steps < 0:
         errors.append(f"trainer.max_consecutive_skipped_steps={t.max_consecutive_skipped_steps} must be >= 0 "
-                      f"(0: never stop on skipped steps).")
+                      f"(0: never stop on skipped steps). Fix: trainer.max_consecutive_skipped_steps=3.")
     if t.resume_mode == "resume_path" and not t.resume_from_path:
-        errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>.")
+        errors.append("trainer.resume_mode=resume_path needs the checkpoint to resume from. Fix: "
+                      "trainer.resume_from_path=<a global_step_N dir>, or trainer.resume_mode=auto.")
     loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
     for name in loggers:
         _choice(errors, "trainer.logger", name, LOGGERS)
     if "wandb" in loggers and importlib.util.find_spec("wandb") is None:  # a dependency: a broken install only
-        errors.append("trainer.logger includes wandb but wandb is not installed (a dependency of rlx): "
-                      "pip install wandb (or drop it from trainer.logger).")
+        errors.append("trainer.logger includes wandb but wandb is not installed (a dependency of rlx). Fix: "
+                      "pip install wandb, or drop it from trainer.logger.")
     if "swanlab" in loggers and importlib.util.find_spec("swanlab") is None:  # an optional extra
         errors.append("trainer.logger=swanlab needs the swanlab package, an optional extra of rlx that is not "
                       "installed. Fix: pip install swanlab (or pip install 'rlx[swanlab]'), or drop swanlab from "
                       "trainer.logger.")
     if t.total_training_steps is not None and t.total_training_steps <= 0:
-        errors.append(f"trainer.total_training_steps={t.total_training_steps} must be positive or null.")
+        errors.append(f"trainer.total_training_steps={t.total_training_steps} must be positive or null. Fix: "
+                      f"trainer.total_training_steps=null (trainer.total_epochs decides).")
 
 
 # apply_chat_template arguments that rlx's dataset sets itself
@@ -845,8 +872,8 @@ def _check_data_keys(cfg, errors):
     checked by the preflight)."""
     kwargs = cfg.data.apply_chat_template_kwargs
     if not isinstance(kwargs, dict):
-        errors.append(f"data.apply_chat_template_kwargs={kwargs!r} must be a mapping of keyword arguments, e.g. "
-                      f"data.apply_chat_template_kwargs.enable_thinking=false.")
+        errors.append(f"data.apply_chat_template_kwargs={kwargs!r} must be a mapping of keyword arguments. Fix: "
+                      f"set its keys one by one, e.g. data.apply_chat_template_kwargs.enable_thinking=false.")
     else:
         own = [k for k in kwargs if k in CHAT_TEMPLATE_OWN_KWARGS]
         if own:
@@ -854,13 +881,14 @@ def _check_data_keys(cfg, errors):
                           f"rendered as text with add_generation_prompt=True, then tokenized). Fix: remove them.")
     custom = cfg.data.custom_cls
     if not isinstance(custom, dict) or set(custom) - {"path", "name"}:
-        errors.append(f"data.custom_cls={custom!r} must be {{path: <file.py>, name: <class name>}} (or both null).")
+        errors.append(f"data.custom_cls={custom!r} must be {{path: <file.py>, name: <class name>}} (or both null). "
+                      f"Fix: data.custom_cls.path=<file.py> data.custom_cls.name=<class name>.")
     elif custom.get("path") and not custom.get("name"):
-        errors.append(f"data.custom_cls.path={custom['path']!r} needs data.custom_cls.name=<the dataset class in "
-                      f"that file>.")
+        errors.append(f"data.custom_cls.path={custom['path']!r} needs data.custom_cls.name. Fix: "
+                      f"data.custom_cls.name=<the dataset class in that file>.")
     elif custom.get("name") and not custom.get("path"):
-        errors.append(f"data.custom_cls.name={custom['name']!r} without data.custom_cls.path: set the path of the "
-                      f"Python file that defines it (or set the name back to null).")
+        errors.append(f"data.custom_cls.name={custom['name']!r} without data.custom_cls.path. Fix: "
+                      f"data.custom_cls.path=<the Python file that defines it>, or data.custom_cls.name=null.")
 def profiler_roles(cfg) -> dict:
     """{key of a role's profiler: its config} of the roles this job builds; the actor worker's ones first."""
     arr = cfg.actor_rollout_ref
@@ -884,25 +912,28 @@ def _check_profiler(cfg, errors):
             errors.append(f"{key}={tool} is not supported by rlx: {REFUSED_PROFILER_TOOLS[tool]}. Fix: "
                           f"global_profiler.tool=torch (chrome traces) or torch_memory (CUDA memory snapshots).")
         elif tool not in PROFILER_TOOLS:
-            errors.append(f"{key}={tool!r} is not valid; choose one of {list(PROFILER_TOOLS)}.")
+            errors.append(f"{key}={tool!r} is not valid; choose one of {list(PROFILER_TOOLS)}. Fix: {key}=torch, "
+                          f"or null.")
         elif tool == "torch_memory" and cfg.trainer.device != "cuda":
             errors.append(f"{key}=torch_memory records CUDA's allocator and needs trainer.device=cuda (this run: "
                           f"{cfg.trainer.device}). Fix: global_profiler.tool=torch (its contents=[memory] records "
                           f"CPU allocations too), or run on GPUs.")
     steps = g.steps or []
     if not isinstance(steps, list) or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in steps):
-        errors.append(f"global_profiler.steps={g.steps!r} must be a list of training steps (1, 2, ...) or null.")
+        errors.append(f"global_profiler.steps={g.steps!r} must be a list of training steps (1, 2, ...) or null. "
+                      f"Fix: global_profiler.steps=[1,2], or null.")
     traced = {}
     for key, c in profiler_roles(cfg).items():
         contents = c.tool_config.torch.contents
         bad = [x for x in contents if x not in TORCH_CONTENTS]
         if bad:
-            errors.append(f"{key}.tool_config.torch.contents has {bad}; choose among {list(TORCH_CONTENTS)}.")
+            errors.append(f"{key}.tool_config.torch.contents has {bad}; choose among {list(TORCH_CONTENTS)}. Fix: "
+                          f"remove {bad}.")
         if "cuda" in contents and cfg.trainer.device != "cuda":
             errors.append(f"{key}.tool_config.torch.contents has cuda (GPU kernels) but trainer.device="
                           f"{cfg.trainer.device}. Fix: leave cuda out (CPU operators are always recorded).")
         if any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in c.ranks):
-            errors.append(f"{key}.ranks={c.ranks!r} must list ranks (0, 1, ...).")
+            errors.append(f"{key}.ranks={c.ranks!r} must list ranks (0, 1, ...). Fix: {key}.ranks=[0].")
         if c.tool == "torch" and c.enable and not key.startswith("critic."):
             traced[key] = c.tool_config.torch.discrete
     if len(set(traced.values())) > 1:  # one process, one torch profiler at a time
@@ -919,9 +950,10 @@ def _check_device(cfg, errors):
         for k, v in (fsdp_cfg.mixed_precision or {}).items():
             if k not in MIXED_PRECISION_KEYS:
                 errors.append(f"{prefix}.mixed_precision.{k} is not a mixed-precision key; choose one of "
-                              f"{list(MIXED_PRECISION_KEYS)}.")
+                              f"{list(MIXED_PRECISION_KEYS)}. Fix: remove it.")
             elif v not in DTYPE_NAMES:
-                errors.append(f"{prefix}.mixed_precision.{k}={v!r} is not valid; choose one of {list(DTYPE_NAMES)}.")
+                errors.append(f"{prefix}.mixed_precision.{k}={v!r} is not valid; choose one of {list(DTYPE_NAMES)}. "
+                              f"Fix: {prefix}.mixed_precision.{k}=bf16 (or fp32).")
     if t.device != "cuda" or joins_cluster(cfg):  # a cluster's GPUs are checked when the workers are placed
         return
     gpus = visible_gpu_count()
@@ -1013,6 +1045,14 @@ def _check_output_paths(cfg, errors):
 
 
 def validate_config(cfg: RLXConfig) -> None:
+    """Raise one ValueError listing every problem of `config_errors`."""
+    errors = config_errors(cfg)
+    if errors:
+        raise ValueError("Invalid rlx config:\n  - " + "\n  - ".join(errors))
+
+
+def config_errors(cfg: RLXConfig) -> list[str]:
+    """Every cross-key problem of `cfg`, one message each (key, value, fix), in rule order, without repeats."""
     errors: list[str] = []
     _check_not_supported(cfg, errors)
     _check_offload(cfg, errors)
@@ -1037,7 +1077,4 @@ def validate_config(cfg: RLXConfig) -> None:
     _check_device(cfg, errors)
     _check_output_paths(cfg, errors)
     errors += check_async_training(cfg)
-    if errors:
-        # de-duplicate, keep order
-        seen = list(dict.fromkeys(errors))
-        raise ValueError("Invalid rlx config:\n  - " + "\n  - ".join(seen))
+    return list(dict.fromkeys(errors))  # de-duplicated, in order

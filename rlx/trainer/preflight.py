@@ -90,7 +90,11 @@ def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
         if train is not None:
             _check_batches(cfg, train, problems)
     else:
-        problems.append("data.train_files / data.val_files: not checked (no tokenizer to read them with; see above).")
+        from rlx.data.dataset import missing_data_files
+
+        missing = missing_data_files(cfg.data)
+        problems += missing or ["data.train_files / data.val_files: their rows are not checked (no tokenizer to read "
+                                "them with). Fix: the tokenizer's problem above, then check again."]
     score_fn = _check_reward(cfg, plan, [ds for ds in (train, val) if ds is not None], problems)
     _check_lora_adapter(cfg, problems)
     _check_vllm(plan, problems)
