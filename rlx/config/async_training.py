@@ -75,6 +75,8 @@ class AsyncTrainingConfig:
 
 def check_async_training(cfg) -> list[str]:
     """The rules of a disaggregated job: a list of problems, each naming the key and the fix (empty when fine)."""
+    from rlx.config.roles import plan_roles  # roles imports the schema, which imports this module
+
     a, pool, arr = cfg.async_training, cfg.rollout, cfg.actor_rollout_ref
     problems = []
     if arr.hybrid_engine:
@@ -108,7 +110,7 @@ def check_async_training(cfg) -> list[str]:
         problems.append("actor_rollout_ref.hybrid_engine=False runs single-turn rollouts (the agent loop runs on the "
                         "colocated engine only). Fix: actor_rollout_ref.hybrid_engine=True for multi-turn / "
                         "rollout.mode=async")
-    if cfg.reward_model.enable and not cfg.custom_reward_function.path:
+    if plan_roles(cfg).reward_model:
         problems.append("actor_rollout_ref.hybrid_engine=False scores with rule or custom reward functions only. Fix: "
                         "reward_model.enable=False, or actor_rollout_ref.hybrid_engine=True")
     if cfg.algorithm.adv_estimator == "remax":
