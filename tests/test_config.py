@@ -3,7 +3,7 @@ import pytest
 
 from rlx.config.export import missing_docs, render
 from rlx.config.loader import CONFIG_DIR
-from rlx.config.schema import NOT_SUPPORTED
+from rlx.config.verl_compat import NOT_SUPPORTED
 
 from conftest import load_config  # the quickstart job's config
 

@@ -7,7 +7,7 @@ import torch
 
 from rlx.algos import core_algos as ca
 from rlx.algos.advantages import compute_advantage
-from rlx.config.schema import DEPRECATED
+from rlx.config.verl_compat import DEPRECATED
 from rlx.trainer.main_ppo import main
 
 from conftest import load_config  # the quickstart job: GRPO, n=4, world 2, actor micro-batch 8 per GPU

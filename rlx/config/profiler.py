@@ -206,7 +206,7 @@ ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
 _ROLLOUT = "actor_rollout_ref.rollout"
 _NPU = ("contents", "level", "analysis", "discrete")
 
-# verl keys accepted with their default only (merged into rlx.config.schema.NOT_SUPPORTED)
+# verl keys accepted with their default only (merged into rlx.config.verl_compat.NOT_SUPPORTED)
 NOT_SUPPORTED = {
     **{f"{r}.profiler.tool_config.torch.schedule.{k}": 0
        for r in ROLES for k in ("skip_first", "wait", "warmup", "active", "repeat")},
@@ -218,7 +218,7 @@ _NSYS = "inert unless the tool is nsys, which rlx refuses (as verl ignores it wi
 _NPU_WHY = "inert unless the tool is npu, which rlx refuses (as verl ignores it with another tool)"
 _DEPTH = ("torch.cuda.memory._record_memory_history has no stack-depth setting (verl passes it only to a torch that "
           "takes one): whole stacks are recorded")
-# verl keys accepted with any value that act on nothing rlx runs (merged into rlx.config.schema.NO_OP_BY_DESIGN)
+# verl keys accepted with any value that act on nothing rlx runs (merged into rlx.config.verl_compat.NO_OP_BY_DESIGN)
 NO_OP_BY_DESIGN = {
     **{f"{r}.profiler.tool_config.nsys.discrete": _NSYS for r in ROLES},
     **{f"global_profiler.global_tool_config.nsys.{k}": _NSYS

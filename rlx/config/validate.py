@@ -15,7 +15,8 @@ from rlx.algos.policy_losses import LOSS_MODES
 from rlx.config.async_training import check_async_training
 from rlx.config.deprecated import DIVIDED_BY, data_parallel_size
 from rlx.config.profiler import TORCH_CONTENTS
-from rlx.config.schema import DEPRECATED, FOLLOWS, NOT_SUPPORTED, NOT_SUPPORTED_REASONS, RLXConfig
+from rlx.config.schema import RLXConfig
+from rlx.config.verl_compat import DEPRECATED, FOLLOWS, NOT_SUPPORTED, NOT_SUPPORTED_REASONS
 from rlx.config.roles import ENGINES, plan_roles, reward_model_pool, vllm_missing
 
 STRATEGIES = ("fsdp", "fsdp2")
