@@ -170,10 +170,8 @@ def test_with_a_key_it_logs_online(tmp_path, listener):
 
 def test_validation_refuses_swanlab_when_missing(monkeypatch):
     """Without the package: one error naming the logger and the install command, from validation (before Ray)."""
-    import rlx.config.validate as validate
-
     real = importlib.util.find_spec
-    monkeypatch.setattr(validate.importlib.util, "find_spec", lambda name, *a: None if name == "swanlab"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swanlab"
                         else real(name, *a))
     with pytest.raises(ValueError) as err:
         load_config(["trainer.logger=[console,swanlab]"])

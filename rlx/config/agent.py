@@ -3,8 +3,11 @@
 typed config depends on nothing above it."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional
+
+from rlx.config.rules import check_choice, check_positive, get_key
 
 
 @dataclass
@@ -70,3 +73,53 @@ class MultiTurnConfig:
 def uses_agent_loop(rollout) -> bool:
     """Whether the rollout (`actor_rollout_ref.rollout`) runs the agent loop: mode=async, or multi_turn.enable."""
     return rollout.mode == "async" or bool(rollout.multi_turn.enable)
+
+
+AGENT_LOOPS = ("single_turn_agent", "tool_agent")  # the built-in ones (rlx.workers.rollout.agent)
+
+
+TOOL_FORMATS = ("hermes",)
+
+
+TRUNCATE_SIDES = ("left", "middle", "right")
+
+
+SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
+
+
+def check_agent(cfg, errors):
+    """rollout.mode, rollout.agent.* and rollout.multi_turn.* (docs/agent.md)."""
+    from rlx.config.agent import uses_agent_loop
+
+    r, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout"
+    if r.name == "sglang":
+        errors.append(f"{key}.name=sglang: rlx serves vLLM (and HF generate), not SGLang; verl's multi-turn configs "
+                      f"run on vLLM here with the same keys. Fix: {key}.name=vllm.")
+    agent, mt = r.agent, r.multi_turn
+    if not agent.agent_loop_config_path and agent.default_agent_loop not in AGENT_LOOPS:
+        errors.append(f"{key}.agent.default_agent_loop={agent.default_agent_loop!r} is not a built-in agent loop "
+                      f"{list(AGENT_LOOPS)}. Fix: register it with {key}.agent.agent_loop_config_path, or pick one "
+                      f"of those.")
+    for k in ("agent.agent_loop_config_path", "multi_turn.tool_config_path", "multi_turn.function_tool_path"):
+        path = get_key(r, k)
+        if path and not os.path.isfile(os.path.expanduser(path)):
+            errors.append(f"{key}.{k}={path!r} is not a file. Fix: {key}.{k}=<the path of an existing file>.")
+    check_choice(errors, f"{key}.multi_turn.format", mt.format, TOOL_FORMATS)
+    check_choice(errors, f"{key}.multi_turn.tool_response_truncate_side", mt.tool_response_truncate_side,
+                 TRUNCATE_SIDES)
+    check_choice(errors, f"{key}.multi_turn.tokenization_sanity_check_mode", mt.tokenization_sanity_check_mode,
+            SANITY_CHECK_MODES)
+    check_positive(errors, f"{key}.multi_turn.max_parallel_calls", mt.max_parallel_calls)
+    check_positive(errors, f"{key}.multi_turn.max_tool_response_length", mt.max_tool_response_length)
+    if not (isinstance(mt.tool_timeout_s, (int, float)) and mt.tool_timeout_s > 0):
+        errors.append(f"{key}.multi_turn.tool_timeout_s={mt.tool_timeout_s!r} must be a positive number of seconds. "
+                      f"Fix: {key}.multi_turn.tool_timeout_s=30.")
+    for k in ("max_assistant_turns", "max_user_turns"):
+        v = getattr(mt, k)
+        if v is not None and (not isinstance(v, int) or v < 1):
+            errors.append(f"{key}.multi_turn.{k}={v!r} must be a positive integer or null (no limit). Fix: "
+                          f"{key}.multi_turn.{k}=null.")
+    tools_wanted = mt.enable or agent.default_agent_loop == "tool_agent"
+    if uses_agent_loop(r) and tools_wanted and not cfg.data.return_raw_chat:
+        errors.append(f"the tool_agent loop renders each row's chat itself and needs data.return_raw_chat=True "
+                      f"(got False). Fix: data.return_raw_chat=True.")

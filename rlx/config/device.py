@@ -11,8 +11,10 @@ import importlib.util
 import os
 import shutil
 import subprocess
+from typing import TYPE_CHECKING
 
-from rlx.config.schema import RLXConfig
+if TYPE_CHECKING:  # annotations only: the schema's section modules import this one
+    from rlx.config.schema import RLXConfig
 
 MIXED_PRECISION_DEFAULTS = {
     "cuda": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},

@@ -11,6 +11,7 @@ from typing import Any
 
 from rlx.config import profiler
 from rlx.config.reward import ENGINE_ONLY, JUDGE_ENGINE
+from rlx.config.rules import get_key, world_size
 
 
 # verl keys that exist for compatibility but are not implemented: key -> the only accepted value.
@@ -173,3 +174,36 @@ VERL_DEFAULT_EXCEPTIONS: dict[str, tuple[Any, Any, str]] = {
         "auto", "cuda", "auto is cuda when the driver sees a GPU (verl's value) and cpu otherwise, where verl cannot "
         "run at all"),
 }
+
+
+def check_not_supported(cfg, errors):
+    from rlx.config.deprecated import DIVIDED_BY, data_parallel_size  # it imports this module
+
+    for key, default in NOT_SUPPORTED.items():
+        value = get_key(cfg, key)
+        if value != default:
+            why = f" ({NOT_SUPPORTED_REASONS[key]})" if key in NOT_SUPPORTED_REASONS else ""
+            errors.append(f"{key}={value!r} is not supported yet by rlx{why}. Fix: remove it (or set {key}={default}).")
+    for key, replacement in DEPRECATED.items():  # left set by rlx.config.deprecated: too small, or both set
+        value, per_gpu = get_key(cfg, key), get_key(cfg, replacement)
+        if value is None:
+            continue
+        sp_key = DIVIDED_BY[key][0] or "(no sequence parallelism: 1)"
+        sp, ws = get_key(cfg, DIVIDED_BY[key][0]) if DIVIDED_BY[key][0] else 1, world_size(cfg)
+        dp = data_parallel_size(ws, sp)
+        if dp is None:
+            errors.append(f"{key}={value} (deprecated: verl's global micro-batch) is divided by world size // "
+                          f"{sp_key} = {ws} // {sp!r}, which is not a positive data-parallel size. Fix: "
+                          f"{replacement}=<rows per GPU> instead, and a {sp_key} that divides the world size.")
+        elif value // dp < 1:
+            errors.append(f"{key}={value} is deprecated (verl's global micro-batch): verl and rlx divide it by the "
+                          f"{dp} data-parallel groups (world size {ws} // {sp_key}), which leaves 0 per GPU. Fix: "
+                          f"{replacement}=<rows per GPU>, or {key} >= {dp}.")
+        else:
+            errors.append(f"{key}={value} and {replacement}={per_gpu} are both set (verl refuses this too). Fix: "
+                          f"remove {key} (deprecated: verl's global micro-batch).")
+    for key, source in FOLLOWS.items():
+        value, wanted = get_key(cfg, key), get_key(cfg, source)
+        if value != wanted:
+            errors.append(f"{key}={value!r} differs from {source}={wanted!r}: rlx reads {source} (and {key} follows "
+                          f"it). Fix: set {source}={value!r} and leave {key} out.")

@@ -298,7 +298,7 @@ def _check_writable(cfg: RLXConfig, problems: list[str]) -> None:
     """`trainer.default_local_dir` must take files if anything goes there (checkpoints, file / tensorboard logs)."""
     import tempfile
 
-    from rlx.config.validate import local_dir_writers
+    from rlx.config.trainer import local_dir_writers
 
     t = cfg.trainer
     if not local_dir_writers(cfg):
