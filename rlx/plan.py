@@ -78,6 +78,8 @@ class AsyncPlan:
     """Generation in flight pauses at a sync and goes on with the new weights (segments of `segment` tokens)."""
     segment: int
     """Tokens per generation segment with partial_rollout."""
+    bucket_bytes: int
+    """The weight transfer's bucket size (async_training.bucket_mb)."""
     rollout_log_probs_as_old: bool
     """The rollout's log-probs are the old log-probs (bypass); else the trainer recomputes them."""
     default_is_correction: bool
@@ -211,6 +213,7 @@ def make_plan(cfg: RLXConfig, vllm_installed: Callable[[], bool] = vllm_availabl
         bypass = uses_rollout_log_probs(cfg) or cfg.algorithm.rollout_correction.bypass_mode
         async_plan = AsyncPlan(staleness=a.staleness_batches, sync_every=a.trigger_parameter_sync_step,
                                partial_rollout=a.partial_rollout, segment=a.partial_rollout_segment,
+                               bucket_bytes=a.bucket_mb * 2**20,
                                rollout_log_probs_as_old=bypass,
                                default_is_correction=(a.staleness_batches > 0 and not bypass
                                                       and cfg.algorithm.rollout_correction.rollout_is is None))

@@ -64,7 +64,7 @@ def generate(model: str, prompts: list[str], engine: str, max_tokens: int) -> li
 
 
 def score(rows: list[dict], responses: list[str]) -> dict:
-    from rlx.data.rewards.gsm8k import compute_score, extract_solution
+    from rlx.reward.rules.gsm8k import compute_score, extract_solution
 
     truth = [str(r["reward_model"]["ground_truth"]) for r in rows]
     n = len(rows)

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def summarise(directory: str) -> list[dict]:
-    from rlx.data.rewards.gsm8k import compute_score, extract_solution
+    from rlx.reward.rules.gsm8k import compute_score, extract_solution
 
     rows = []
     for path in sorted(glob.glob(os.path.join(directory, "*.jsonl")), key=lambda p: int(os.path.basename(p)[:-6])):

@@ -17,7 +17,7 @@ import traceback
 REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     """The digits task's reward, as two components (gdpo's): the answer and a format part."""
-    from rlx.data.reward import default_compute_score
+    from rlx.reward.functions import default_compute_score
 
     accuracy = float(default_compute_score(data_source, solution_str, ground_truth, extra_info))
     fmt = float(any(c.isdigit() for c in solution_str))

@@ -259,6 +259,11 @@ def main(out_path: str) -> None:
     with lora.adapters_disabled():
         pass
 
+    # the rollout on GPUs of its own (rollout.*, async_training.*: read when the plan of such a job is made)
+    disagg = dataclasses.replace(cfg, actor_rollout_ref=dataclasses.replace(arr, hybrid_engine=False),
+                                 rollout=dataclasses.replace(cfg.rollout, n_gpus_per_node=1))
+    assert make_plan(disagg).async_ is not None
+
     # a reward model (its keys are read only when enabled): its worker scores a generated batch for the trainer
     from rlx.workers.reward_model_worker import RewardModelGroup
 

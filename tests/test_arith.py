@@ -1,5 +1,5 @@
 """synthetic://arith: the held-out problems never appear in training, and the GSM8K rule scores them."""
-from rlx.data.reward import default_compute_score
+from rlx.reward.functions import default_compute_score
 from rlx.data.synthetic import generate_rows
 
 

@@ -32,7 +32,7 @@ def test_rollout_gpus_without_disaggregation_is_refused():
         load_config(["rollout.n_gpus_per_node=1", "trainer.device=cpu"])
 
 
-@pytest.mark.parametrize("key", ["async_training.require_batches=2", "rollout.total_rollout_steps=100",
+@pytest.mark.parametrize("key", ["async_training.require_batches=2", "rollout.total_rollout_steps=100", "rollout.test_freq=5",
                                  "async_training.trigger_parameter_sync_step=0",
                                  "async_training.staleness_threshold=-1"])
 def test_async_keys_rlx_does_not_take_are_refused(key):

@@ -12,7 +12,7 @@ import torch
 from rlx.config.schema import DataConfig
 from rlx.data import synthetic
 from rlx.data.dataset import PromptLoader, RLDataset, collate_prompts
-from rlx.data.reward import default_compute_score
+from rlx.reward.functions import default_compute_score
 from rlx.models import build_byte_tokenizer
 
 

@@ -47,7 +47,7 @@ def test_metric_values():
 def test_filter_by_score_of_a_dict_function_as_verl():
     """metric=score with a function returning {'score', ...} (verl's DAPO recipe): the dict's score before the
     overlong penalty. Group a: scores 1, 1 but different lengths (penalties): dropped by score, kept by reward."""
-    from rlx.data.reward import RewardManager
+    from rlx.reward.manager import RewardManager
     from rlx.models import build_byte_tokenizer
     from test_reward import _batch
 
@@ -166,6 +166,7 @@ def test_grpo_with_dynamic_sampling_trains(ray_local, tmp_path):
         assert m["critic/score/max"] <= 0.5  # no all-1.0 group was trained on
         assert m["critic/score/max"] == 0.5 and m["critic/score/min"] == 0.0  # every kept group has a spread
         assert m["actor/grad_norm"] > 0
+        assert m["reward/timeouts"] == 0  # the custom function scored in reward_model.num_workers processes
 
 
 def test_dapo_recipe_script_runs_on_cpu(tmp_path):

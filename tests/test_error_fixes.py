@@ -126,7 +126,7 @@ def test_each_data_error_says_the_fix(tmp_path, tok):
 def test_custom_dataset_and_reward_file_errors_say_the_fix(tmp_path):
     from rlx.config.schema import CustomRewardFunctionConfig
     from rlx.data.custom import dataset_class
-    from rlx.data.reward import builtin_score, load_reward_fn
+    from rlx.reward.functions import builtin_score, load_reward_fn
 
     broken = tmp_path / "broken.py"
     broken.write_text("import no_such_module_here\n")

@@ -28,6 +28,7 @@ LAYERS = [
     ("rlx.offload", 2),
     ("rlx.ops", 2),
     ("rlx.data", 2),
+    ("rlx.reward", 2),             # how a response is scored: rules, custom functions, manager, reward-model inputs
     # 3: sharded checkpoints of an engine, HF export (read by the workers, reads the engine)
     ("rlx.checkpoint", 3),
     ("rlx.checkpoint_safety", 3),  # safe DCP loading, resume file checks (rlx/checkpoint/ once it is a package)

@@ -13,8 +13,9 @@ import torch
 
 from rlx.config.schema import CustomRewardFunctionConfig, DataConfig
 from rlx.data.dataset import RLDataset
-from rlx.data.reward import RewardManager, default_compute_score, load_reward_fn, mean_extras
-from rlx.data.rewards import gsm8k
+from rlx.reward.functions import default_compute_score, load_reward_fn
+from rlx.reward.manager import RewardManager, mean_extras
+from rlx.reward.rules import gsm8k
 from rlx.models import build_byte_tokenizer
 from rlx.protocol import Batch
 
@@ -251,7 +252,7 @@ def _custom(tmp_path, body: str):
 
 @pytest.mark.parametrize("value", ["float('nan')", "float('inf')", "{'score': float('-inf')}"])
 def test_non_finite_reward_is_an_error_naming_the_function_and_sample(tmp_path, value):
-    from rlx.data.reward import RewardError
+    from rlx.reward.manager import RewardError
 
     src, fn = _custom(tmp_path, f"    return 1.0 if data_source == 'ok' else {value}\n")
     tok = build_byte_tokenizer()
@@ -275,7 +276,7 @@ def test_non_finite_reward_replaced_and_counted_behind_the_key(tmp_path):
 
 @pytest.mark.parametrize("value", ["'0.5'", "None", "[1.0]", "{'acc': 1.0}"])
 def test_reward_of_the_wrong_type_names_the_function_and_value(tmp_path, value):
-    from rlx.data.reward import RewardError
+    from rlx.reward.manager import RewardError
 
     _, fn = _custom(tmp_path, f"    return {value}\n")
     tok = build_byte_tokenizer()
@@ -307,7 +308,7 @@ def test_reward_manager_built_from_config(tmp_path):
     """reward_model.reward_manager picks the manager; the dapo keys of reward_kwargs configure it and are not
     passed to the score function; max_resp_len defaults to data.max_response_length."""
     from conftest import load_config  # the quickstart config
-    from rlx.data.reward import build_reward_manager
+    from rlx.reward.manager import build_reward_manager
 
     tok = build_byte_tokenizer()
     cfg = load_config(["reward_model.reward_manager=dapo", "data.max_response_length=8",
@@ -336,3 +337,31 @@ def test_batch_reward_manager_calls_once_with_lists():
     batch = _batch(tok, ["a", "b", "c"], truths=["a", "x", "c"])
     out, _ = RewardManager(tok, scores, batched=True)(batch)
     assert calls == [["a", "b", "c"]] and out.sum(-1).tolist() == [1.0, 0.0, 1.0]
+
+
+def test_score_batch_is_the_one_door():
+    """rlx.reward.score.score_batch: the reward model's scores when there are some (a judge's verdicts as an
+    extra); with a judge and a custom function, the manager scores, finding the judge's score in extra_info;
+    without a reward model, the manager."""
+    from rlx.reward.score import score_batch
+
+    tok = build_byte_tokenizer()
+    batch = _batch(tok, ["#### 4", "#### 5"], truths=["4", "4"])
+    seen = []
+
+    def custom(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(extra_info.get("judge_score"))
+        return extra_info.get("judge_score", 0.0) + float(solution_str == "#### 4")
+
+    manager = RewardManager(tok, custom)
+    rm_scores = torch.tensor([[0.0] * 7 + [3.0], [0.0] * 7 + [5.0]])
+    classifier = Batch({"rm_scores": rm_scores})
+    scores, extra = score_batch(batch, manager, classifier, custom_function=True)
+    assert torch.equal(scores, rm_scores) and extra == {} and not seen  # no judge: the model's score
+    judged = Batch({"rm_scores": rm_scores, "judge_score": torch.tensor([3.0, 5.0])},
+                   {"judge_verdict": ["Score: 3", "Score: 5"]})
+    scores, extra = score_batch(batch, manager, judged, custom_function=False)
+    assert torch.equal(scores, rm_scores) and extra == {"judge_verdict": ["Score: 3", "Score: 5"]}
+    scores, _ = score_batch(batch, manager, judged, custom_function=True)
+    assert seen == [3.0, 5.0] and scores.sum(-1).tolist() == [4.0, 5.0]
+    assert score_batch(batch, manager)[0].sum(-1).tolist() == [1.0, 0.0]

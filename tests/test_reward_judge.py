@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlx.config.judge import TEMPLATE, TEMPLATE_WITH_REFERENCE
-from rlx.data.judge import fill_template, parse_score, question_of, render_chat
+from rlx.reward.judge import fill_template, parse_score, question_of, render_chat
 from rlx.models import resolve_model_path
 from rlx.protocol import Batch
 
@@ -149,8 +149,8 @@ def test_judge_scores_its_own_greedy_verdicts(hf_judge):
 def test_judge_scores_known_verdicts(hf_judge, monkeypatch):
     """Forced verdicts (the engine's generate replaced): the parsed score on the last valid token, failures scored
     reward_model.judge.failure_score and counted."""
-    from rlx.data.rm_inputs import place_scores
-    from rlx.workers.reward_model_worker import judge_metrics
+    from rlx.reward.rm_inputs import place_scores
+    from rlx.reward.judge import judge_metrics
 
     judge, tok = hf_judge
     verdicts = ["Good work. Score: 8", "hmm", "Score: 12", "<think>9?</think>6/10"]
@@ -176,9 +176,10 @@ def test_a_custom_reward_function_combines_the_judge_with_a_rule(hf_judge, monke
     """judge.enable with custom_reward_function.path (verl's hybrid: its function calls the judge itself): the
     function finds the judge's score and verdict in extra_info and its return value is the reward."""
     from rlx.config.schema import CustomRewardFunctionConfig
-    from rlx.data.judge import with_judge_results
-    from rlx.data.reward import build_reward_manager, load_reward_fn
-    from rlx.data.rm_inputs import place_scores
+    from rlx.reward.judge import with_judge_results
+    from rlx.reward.functions import load_reward_fn
+    from rlx.reward.manager import build_reward_manager
+    from rlx.reward.rm_inputs import place_scores
 
     judge, tok = hf_judge
     ids = [tok(v, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for v in ("Score: 8", "Score: 2", "?")]
@@ -193,7 +194,7 @@ def test_a_custom_reward_function_combines_the_judge_with_a_rule(hf_judge, monke
     batch.non_tensors["extra_info"] = _obj([{"kept": i} for i in range(3)])
     judged = judge.score(batch)
     judged.tensors["rm_scores"] = place_scores(judged["judge_score"], batch["response_mask"])
-    cfg = load_config(JUDGE + [f"custom_reward_function.path={f}"])
+    cfg = load_config(JUDGE + [f"custom_reward_function.path={f}", "reward_model.num_workers=1"])  # in this process
     manager = build_reward_manager(cfg, tok, load_reward_fn(cfg.custom_reward_function))
     scores, extra = manager(with_judge_results(batch, judged))
     torch.testing.assert_close(scores.sum(-1), torch.tensor([1.8, 0.2, 1.0]))  # rule + judge / 10 (a failure: 0)
@@ -236,7 +237,7 @@ def test_a_verl_reward_loop_judge_function_is_refused_by_name(tmp_path):
     """verl's GenRM custom functions call the judge's HTTP router (reward_router_address): refused at load, with
     rlx's judge as the fix."""
     from rlx.config.schema import CustomRewardFunctionConfig
-    from rlx.data.reward import load_reward_fn
+    from rlx.reward.functions import load_reward_fn
 
     f = tmp_path / "genrm.py"
     f.write_text("async def compute_score(data_source, solution_str, ground_truth, extra_info, reward_router_address,"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from rlx.data.judge import parse_score
+from rlx.reward.judge import parse_score
 from test_vllm_gpu import RECIPE_STEPS, gsm8k, random_0_5b  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.gpu,

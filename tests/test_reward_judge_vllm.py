@@ -7,7 +7,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import pytest
 import torch
 
-from rlx.data.judge import parse_score
+from rlx.reward.judge import parse_score
 from rlx.models import resolve_model_path
 
 from conftest import load_config

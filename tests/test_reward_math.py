@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlx.data.reward import default_compute_score, is_builtin_source
-from rlx.data.rewards import math_boxed, math_minerva
+from rlx.reward.functions import default_compute_score, is_builtin_source
+from rlx.reward.rules import math_boxed, math_minerva
 
 
 @pytest.mark.parametrize("solution,truth,expected", [

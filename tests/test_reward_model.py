@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlx.data.rm_inputs import place_scores, retemplated, same_tokenizer
+from rlx.reward.rm_inputs import place_scores, retemplated, same_tokenizer
 from rlx.engine.packing import last_token_inputs
 from rlx.models import resolve_model_path
 from rlx.plan import make_plan

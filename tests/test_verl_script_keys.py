@@ -128,7 +128,7 @@ def test_keys_verl_does_not_have_either_say_where_the_setting_is(override, says)
 
 def test_a_reward_file_importing_verl_is_told_rlxs_functions(tmp_path):
     from rlx.config.schema import CustomRewardFunctionConfig
-    from rlx.data.reward import load_reward_fn
+    from rlx.reward.functions import load_reward_fn
 
     path = tmp_path / "reward_function.py"
     path.write_text("from verl.utils.reward_score import math_reward\n\n"
@@ -139,7 +139,7 @@ def test_a_reward_file_importing_verl_is_told_rlxs_functions(tmp_path):
         load_reward_fn(CustomRewardFunctionConfig(path=str(path), name="char_count_reward_function"))
     msg = str(err.value)
     assert "No module named 'verl'" in msg and "imports verl" in msg, msg
-    assert "verl.utils.reward_score.math_reward.last_boxed_only_string -> rlx.data.rewards.math_boxed.last_boxed" \
+    assert "verl.utils.reward_score.math_reward.last_boxed_only_string -> rlx.reward.rules.math_boxed.last_boxed" \
         in msg
     path.write_text("import numpy_does_not_exist\n")  # another missing module: no verl hint
     with pytest.raises(ValueError) as err:
@@ -150,7 +150,7 @@ def test_a_reward_file_importing_verl_is_told_rlxs_functions(tmp_path):
 def test_the_named_rlx_replacements_exist_and_act_as_verls_helpers():
     import importlib
 
-    from rlx.data.reward import VERL_REWARD_IMPORTS
+    from rlx.reward.functions import VERL_REWARD_IMPORTS
 
     def resolve(dotted):
         module, _, attr = dotted.rpartition(".")

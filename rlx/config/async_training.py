@@ -50,7 +50,7 @@ class AsyncTrainingConfig:
     """Training steps between two weight syncs to the rollout (a policy version spans this many updates)."""
     require_batches: int = 1
     """verl's fully_async key (mini-batches per local update); rlx trains on data.train_batch_size prompts per step,
-    so only 1 is accepted."""
+    so only 1 is accepted (rlx.config.verl_compat.NOT_SUPPORTED)."""
     partial_rollout: bool = False
     """At a weight sync, generation in flight pauses and goes on with the new weights instead of finishing first;
     each token is tagged with the policy version that produced it (async/partial_samples). Generation runs in
@@ -75,8 +75,6 @@ class AsyncTrainingConfig:
 
 def check_async_training(cfg) -> list[str]:
     """The rules of a disaggregated job: a list of problems, each naming the key and the fix (empty when fine)."""
-    from rlx.config.roles import plan_roles  # roles imports the schema, which imports this module
-
     a, pool, arr = cfg.async_training, cfg.rollout, cfg.actor_rollout_ref
     problems = []
     if arr.hybrid_engine:
@@ -95,21 +93,16 @@ def check_async_training(cfg) -> list[str]:
     if a.trigger_parameter_sync_step < 1:
         problems.append(f"async_training.trigger_parameter_sync_step={a.trigger_parameter_sync_step} must be >= 1. "
                         f"Fix: 1 (sync after every step)")
-    if a.require_batches != 1:
-        problems.append(f"async_training.require_batches={a.require_batches}: rlx trains on data.train_batch_size "
-                        f"prompts per step. Fix: leave it at 1 and set data.train_batch_size")
     if a.bucket_mb < 1:
         problems.append(f"async_training.bucket_mb={a.bucket_mb} must be >= 1. Fix: 256")
     if a.partial_rollout and a.partial_rollout_segment < 1:
         problems.append(f"async_training.partial_rollout_segment={a.partial_rollout_segment} must be >= 1. Fix: 256")
-    for key, value in (("rollout.total_rollout_steps", pool.total_rollout_steps), ("rollout.test_freq", pool.test_freq)):
-        if value is not None:
-            problems.append(f"{key}={value}: rlx counts a disaggregated run in training steps. Fix: remove it and set "
-                            f"trainer.total_training_steps / trainer.test_freq")
     if arr.rollout.mode == "async" or arr.rollout.multi_turn.enable:
         problems.append("actor_rollout_ref.hybrid_engine=False runs single-turn rollouts (the agent loop runs on the "
                         "colocated engine only). Fix: actor_rollout_ref.hybrid_engine=True for multi-turn / "
                         "rollout.mode=async")
+    from rlx.config.roles import plan_roles  # (roles reads the schema, which holds this module's sections)
+
     if plan_roles(cfg).reward_model:
         problems.append("actor_rollout_ref.hybrid_engine=False scores with rule or custom reward functions only. Fix: "
                         "reward_model.enable=False, or actor_rollout_ref.hybrid_engine=True")

@@ -92,7 +92,20 @@ class RewardModelConfig:
     judge alike). rlx scores with its own reward-model worker whatever the value: see NO_OP_BY_DESIGN (a judge is
     reward_model.judge.enable)."""
     num_workers: Optional[int] = None
-    """verl: how many CPU processes send requests to the reward model's server (speed only)."""
+    """verl: how many processes compute the rewards in parallel (verl's reward-loop workers). rlx: the pool of
+    processes that calls the score function (custom_reward_function, or a built-in rule) on a step's responses,
+    one call per response, each bounded by score_timeout_s. null: 8 for a custom_reward_function (whose cost rlx
+    cannot know), 1 for the built-in rules (microseconds a response). 1: in the driver's process, one call after
+    another, without the timeout. The batch manager (reward_manager=batch, one call a step) and a function that does
+    not pickle (not one rlx loads from config: e.g. a lambda given to RewardManager in code) also score in the
+    driver's process."""
+    score_timeout_s: float = 300.0
+    """rlx key: the longest one call of the score function may run in the num_workers pool. A call past it is
+    killed (its process replaced), its response gets timeout_score, and it is counted in reward/timeouts. In the
+    driver's process (num_workers=1) a call cannot be stopped; a step's scoring past 30 s logs a progress line
+    either way."""
+    timeout_score: float = 0.0
+    """rlx key: the reward of a response whose score function call ran past score_timeout_s."""
     rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
     """verl: the engine that serves the reward model (its name, dtype and lengths act in rlx; its serving knobs
     set the generative judge's vLLM engine, and do nothing for a classifier)."""
@@ -180,6 +193,15 @@ def check_reward_model(cfg, errors):
 
 def check_reward(cfg, errors):
     rm = cfg.reward_model
+    if rm.num_workers is not None and (isinstance(rm.num_workers, bool) or not isinstance(rm.num_workers, int)
+                                       or rm.num_workers < 1):
+        errors.append(f"reward_model.num_workers={rm.num_workers!r} must be a whole number of processes, at least 1 "
+                      f"(1: score in the driver's process). Fix: reward_model.num_workers=8, or null for rlx's "
+                      f"choice.")
+    t = rm.score_timeout_s
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
+        errors.append(f"reward_model.score_timeout_s={t!r} must be a positive number of seconds. "
+                      f"Fix: reward_model.score_timeout_s=300.")
     kwargs = rm.reward_kwargs or {}
     manager_keys = [k for k in ("overlong_buffer_cfg", "max_resp_len") if k in kwargs]
     for other in sorted(set(kwargs) - {"overlong_buffer_cfg", "max_resp_len"}):

@@ -27,6 +27,9 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.rollout.trace.backend": None,
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.actor.optim.total_training_steps": -1,
+    "async_training.require_batches": 1,
+    "rollout.total_rollout_steps": None,
+    "rollout.test_freq": None,
     "actor_rollout_ref.ref.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": False,  # the ref has no optimizer
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": False,
@@ -58,6 +61,14 @@ NOT_SUPPORTED.update(profiler.NOT_SUPPORTED)  # the torch profiler's schedule, v
 
 # Why some NOT_SUPPORTED keys are refused (the validation error says it).
 NOT_SUPPORTED_REASONS: dict[str, str] = {
+    "async_training.require_batches":
+        "verl's fully-async trainer updates on require_batches x ppo_mini_batch_size samples at a time; rlx's "
+        "disaggregated trainer updates on data.train_batch_size prompts per step (set that instead)",
+    "rollout.total_rollout_steps":
+        "verl's fully-async rollouter counts the run in samples; rlx counts a disaggregated run in training steps "
+        "(trainer.total_training_steps / total_epochs)",
+    "rollout.test_freq":
+        "verl's fully-async rollouter validates every this many syncs; rlx validates by trainer.test_freq",
     "actor_rollout_ref.actor.use_prefix_grouper":
         "verl's PrefixGrouper runs the prompt shared by a group's n responses once (a shared-prefix attention "
         "patch plus group-level batch balancing); rlx forwards each response with its own copy of the prompt, "
@@ -106,7 +117,6 @@ NO_OP_BY_DESIGN: dict[str, str] = {
     "reward_model.use_reward_loop": "verl 0.9.1 serves every reward model through its reward loop, a classifier "
                                     "and a judge alike; rlx scores with its reward-model worker either way (the "
                                     "same last-token score; a judge is chosen by reward_model.judge.enable)",
-    "reward_model.num_workers": "speed only: verl's CPU processes that send requests to the reward model's server",
     **{f"reward_model.rollout.{k}": "a knob of the engine serving the reward model in verl (batching, memory, "
                                     "kernels) that rlx's judge engine does not take; it changes no score"
        for k in ENGINE_ONLY if k not in JUDGE_ENGINE},

@@ -92,7 +92,40 @@ def _read_parquet(path: str, required: Sequence[str]) -> list[dict]:
                          f"extra_info), or point data.prompt_key / data.reward_fn_key at the right columns.")
     if table.num_rows == 0:
         raise ValueError(f"data file {path!r} has no rows. Fix: regenerate it, or remove it from the data files.")
-    return table.to_pylist()
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError as e:  # a string column holding bytes that are not UTF-8 (parquet's strings must be)
+        raise ValueError(_decode_error(path, table, e)) from None
+
+
+def _decode_error(path: str, table, error: UnicodeDecodeError) -> str:
+    """The file, column and row of the first value that is not valid UTF-8 (read column by column, then row by
+    row: only on this error path)."""
+    where = "a column"
+    for name in table.column_names:
+        column = table.column(name)
+        try:
+            column.to_pylist()
+            continue
+        except UnicodeDecodeError as e:
+            error, where = e, f"column {name!r}"
+        row = 0
+        for chunk in column.chunks:
+            for value in chunk:
+                try:
+                    value.as_py()
+                except UnicodeDecodeError as e:
+                    error, where = e, f"column {name!r}, row {row}"
+                    break
+                row += 1
+            else:
+                continue
+            break
+        break
+    bad = error.object[error.start:error.start + 8]
+    return (f"data file {path!r}, {where}: text that is not valid UTF-8 ({error.reason}: byte {error.start} of the "
+            f"value, {bad!r}). Fix: write the file's strings as UTF-8 (decode the source text with its own encoding, "
+            f"e.g. latin-1, when making the file), or drop that row.")
 
 
 class RLDataset:
@@ -133,13 +166,15 @@ class RLDataset:
 
         rows: list[dict] = []
         origins: list[str] = []
+        in_file: list[int] = []  # each row's index in its own file (what an error names)
         for f in self.files:
             file_rows = self.read_rows(f)
             self._check_columns(file_rows, f)
             rows.extend(file_rows)
             origins.extend([f] * len(file_rows))
+            in_file.extend(range(len(file_rows)))
 
-        texts = [self._render(row, origin, i) for i, (row, origin) in enumerate(zip(rows, origins))]
+        texts = [self._render(row, origin, j) for row, origin, j in zip(rows, origins, in_file)]
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
         over = [i for i, tok in enumerate(ids) if len(tok) > self.max_prompt_length]
@@ -226,6 +261,12 @@ class RLDataset:
                              f"messages [{{'role': 'user', 'content': ...}}] or a string, got {prompt!r:.200}. "
                              f"Fix: write each prompt in that form, or point data.prompt_key at the column that "
                              f"holds it.")
+        for j, m in enumerate(prompt):  # a message's content is text: bytes would be trained on as their repr
+            if not isinstance(m["content"], str):
+                raise ValueError(f"data file {origin!r}, row {i}: message {j} of column {self.prompt_key!r} has "
+                                 f"content of type {type(m['content']).__name__} ({m['content']!r:.80}), not text. "
+                                 f"Fix: write each message's content as a string (bytes decoded, e.g. as UTF-8, when "
+                                 f"the file is made).")
         if self.apply_chat_template and getattr(self.tokenizer, "chat_template", None):
             messages = [{"role": m.get("role") or "user", "content": m["content"]} for m in prompt]
             tools = {"tools": self.tool_schemas} if self.tool_schemas else {}

@@ -26,13 +26,15 @@ stopping early is not a shortcut. Random policy ~0.02; "all digits" 0.5 + 0.05; 
 ``synthetic/arith`` (for a pretrained instruct model, e.g. builtin://smollm2-135m-instruct). Prompt: a chat message
 asking for one sum of two numbers of 2-3 digits or one product of a 2-digit and a 1-digit number, e.g. ``"What is
 347 + 58?"``, with the instruction to end with ``#### <answer>`` (ARITH_INSTRUCTION). Reward: the GSM8K rule
-(rlx.data.rewards.gsm8k, strict): 1 for the right number after ``#### ``, else 0. One problem in ten (by a hash of
+(rlx.reward.rules.gsm8k, strict): 1 for the right number after ``#### ``, else 0. One problem in ten (by a hash of
 its question) is held out: ``split:test`` asks only those and ``split:train`` never does, whatever the seeds, so a
 held-out product (of only ~720) is never a training one.
 
 ``synthetic/copy`` (harder, for longer runs). Prompt: 3-5 random digits then ``" ->"``; target = the digits
 without spaces (``"729"``). Reward = mean over the target's positions of ``1.0`` for the right digit,
 ``0.25`` for a wrong digit, 0 otherwise. Random policy ~0.01.
+
+The three rewards are scored by rlx.reward.rules.synthetic.
 """
 from __future__ import annotations
 
@@ -95,7 +97,9 @@ def _gen_arith(rng, i, split, k):
 
 TASKS = {"digits": _gen_digits, "copy": _gen_copy, "arith": _gen_arith}
 _STREAM = {"copy": 0, "digits": 1, "arith": 2}  # each task's random stream (fixed: new tasks never move old rows)
-_PARAMS = {"size": 1024, "seed": 0, "split": "train", "k": 8}
+DEFAULT_K = 8
+"""How many response characters the digits task scores when its file does not say (k:<n>)."""
+_PARAMS = {"size": 1024, "seed": 0, "split": "train", "k": DEFAULT_K}
 
 
 def is_synthetic(path) -> bool:
@@ -136,29 +140,3 @@ def generate_rows(path: str) -> list[dict]:
     task, p = parse_synthetic(path)
     rng = np.random.default_rng([p["seed"], _STREAM[task]])
     return [TASKS[task](rng, i, p["split"], p["k"]) for i in range(p["size"])]
-
-
-# ---- rewards -------------------------------------------------------------------------------------------
-def digits_score(solution_str: str, ground_truth: str, extra_info: dict | None = None, **_) -> float:
-    k = int((extra_info or {}).get("k") or _PARAMS["k"])
-    target = str(ground_truth)
-    head = solution_str[:k]
-    return sum(0.5 * (c in _DIGITS) + 0.5 * (c == target) for c in head) / k
-
-
-def copy_score(solution_str: str, ground_truth: str, extra_info: dict | None = None, **_) -> float:
-    target = str(ground_truth)
-    if not target:
-        return 0.0
-    head = solution_str[:len(target)]
-    return sum(1.0 if c == t else (0.25 if c in _DIGITS else 0.0) for c, t in zip(head, target)) / len(target)
-
-
-def arith_score(solution_str: str, ground_truth: str, extra_info: dict | None = None, **kwargs) -> float:
-    """GSM8K's rule (strict: the number after ``#### ``), as verl scores GSM8K."""
-    from rlx.data.rewards.gsm8k import compute_score
-
-    return compute_score(solution_str, str(ground_truth), **kwargs)
-
-
-REWARDS = {DIGITS_SOURCE: digits_score, COPY_SOURCE: copy_score, ARITH_SOURCE: arith_score}

@@ -22,6 +22,17 @@ SHAPES: dict[str, dict] = {
     "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                          num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
                          max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6),
+    # Qwen2.5-1.5B's dims with an untied head whose EOS row ends responses at widely spread lengths, about 10% of them
+    # running to 4096 tokens (the long tail of real rollouts; set_stop_rate)
+    "qwen2.5-1.5b-longtail": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                  num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                                  tie_word_embeddings=False, max_position_embeddings=32768, rope_theta=1e6,
+                                  rms_norm_eps=1e-6, stop_at=(4096, 0.1)),
+    # the same at Qwen2.5-0.5B's dims, about half of the responses running to 200 tokens
+    "qwen2.5-0.5b-longtail": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                  num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                  tie_word_embeddings=False, max_position_embeddings=32768, rope_theta=1e6,
+                                  rms_norm_eps=1e-6, stop_at=(200, 0.5)),
 }
 WEIGHTS = "bf16 N(0, 0.02), norms 1, biases 0, seed 0; byte tokenizer"
 
@@ -42,10 +53,13 @@ def random_model_dir(shape: str, path: str | None = None) -> str:
 
     tokenizer = build_byte_tokenizer()
     dims = dict(SHAPES[shape])
+    stop_at = dims.pop("stop_at", None)
     cfg = transformers.AutoConfig.for_model(dims.pop("model_type"), **dims, initializer_range=0.02,
                                             pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                                             eos_token_id=tokenizer.eos_token_id, dtype="bfloat16")
     model = random_model(cfg)
+    if stop_at:
+        set_stop_rate(model, tokenizer.eos_token_id, *stop_at)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".rlx-random-")
@@ -81,6 +95,43 @@ def random_model(cfg):
             else:
                 p.normal_(0.0, 0.02, generator=g)
     return model
+
+
+def set_stop_rate(model, eos_id: int, length: int, reach: float, sequences: int = 16, tokens: int = 256) -> float:
+    """Make the untied head end responses at widely spread lengths, a share `reach` of them running to `length`
+    tokens: no token's logit reads the final hidden state's first coordinate z except EOS's, whose logit is
+    beta * z. z varies little within a sequence and much between sequences, so each response gets its own stopping
+    rate. beta is chosen (bisection) from the hidden states of `sequences` random sequences of `tokens` tokens (what
+    a random-weight model reads and writes: near-uniform ids): each sequence's mean hazard h, and the share
+    mean(exp(-length * h)) of responses that run to `length`. Returns beta."""
+    import torch
+
+    head = model.get_output_embeddings().weight
+    assert head.data_ptr() != model.get_input_embeddings().weight.data_ptr(), "needs tie_word_embeddings=False"
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (sequences, tokens), generator=g)
+    with torch.no_grad():
+        head[:, 0] = 0
+        head[eos_id] = 0
+        zs, rests = [], []
+        for row in ids.split(4):
+            h = model.model(input_ids=row).last_hidden_state.float()
+            logits = h @ head.float().T
+            logits[..., eos_id] = float("-inf")
+            zs.append(h[..., 0])
+            rests.append(torch.logsumexp(logits, dim=-1))
+        z, rest = torch.cat(zs), torch.cat(rests)
+
+        def reaching(beta: float) -> float:
+            hazard = -torch.log1p(-torch.sigmoid(beta * z - rest).clamp(max=1 - 1e-6)).mean(dim=1)
+            return torch.exp(-length * hazard).mean().item()
+
+        lo, hi = 0.0, 200.0
+        for _ in range(60):
+            beta = (lo + hi) / 2
+            lo, hi = (beta, hi) if reaching(beta) > reach else (lo, beta)
+        head[eos_id, 0] = beta
+    return beta
 
 
 if __name__ == "__main__":

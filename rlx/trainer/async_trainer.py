@@ -206,8 +206,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
         import ray
 
         dtype = self.cfg.actor_rollout_ref.rollout.dtype if placement.device == "cuda" else "float32"
-        self.weights_info = self.actor.weights_info(str(dtype).replace("torch.", ""),
-                                                    self.cfg.async_training.bucket_mb * 2**20)
+        self.weights_info = self.actor.weights_info(str(dtype).replace("torch.", ""), self.plan.async_.bucket_bytes)
         host, port = self.actor.transfer_address()
         world = 1 + self.rollouts.world_size
         ray.get(self.actor.open_weight_transfer(host, port, world) + self.rollouts.open_weight_transfer(host, port,

@@ -106,7 +106,7 @@ class RayPPOTrainer:
         `preflight(cfg, plan)` built (tokenizer, datasets, reward function, the verified resume dir); preflight runs
         here when it is not given."""
         from rlx.data.dataset import PromptLoader
-        from rlx.data.reward import build_reward_manager
+        from rlx.reward.manager import build_reward_manager
         from rlx.trainer.preflight import preflight
 
         inputs = inputs or preflight(cfg, plan)
@@ -174,11 +174,12 @@ class RayPPOTrainer:
             self.rm.init_model()
 
     def shutdown(self) -> None:
-        """Kill the workers and release their placement group."""
+        """Kill the workers and release their placement group; end the reward's scoring processes."""
         for group in (self.actor, self.critic, self.rm):
             if group is not None:
                 group.shutdown()
         self.actor = self.critic = self.rm = None
+        self.reward_fn.close()
 
     # ---- the loop -------------------------------------------------------------------------------------
     def fit(self) -> list[dict]:
@@ -350,7 +351,7 @@ class RayPPOTrainer:
 
     def compute_reward(self, batch: Batch, metrics: dict) -> dict:
         """token_level_scores into the batch; returns the score function's extra values (one list per key)."""
-        from rlx.data.reward import mean_extras
+        from rlx.reward.manager import mean_extras
 
         scores, extra = self.score(batch, metrics)
         batch.tensors["token_level_scores"] = scores
@@ -367,26 +368,22 @@ class RayPPOTrainer:
         metrics.update({f"reward_extra/{k}": v for k, v in mean_extras(extra).items()})
         if self.cfg.reward_model.non_finite_score is not None:
             metrics["reward/non_finite_count"] = float(self.reward_fn.non_finite_count)
+        if self.reward_fn.in_pool:  # calls past reward_model.score_timeout_s, scored reward_model.timeout_score
+            metrics["reward/timeouts"] = float(self.reward_fn.timeouts)
         return extra
 
     def score(self, batch: Batch, metrics: dict | None = None):
-        """Token-level scores of a generated batch and the reward function's extra values: the reward model's
-        (`reward_model.enable`, verl's precedence: unless a custom reward function is given), else the reward
-        manager's (given a judge's score and verdict in each row's extra_info when reward_model.judge.enable); a
-        reward that is not a finite number stops the run."""
-        from rlx.data.judge import with_judge_results
-        from rlx.data.reward import RewardError
+        """Token-level scores of a generated batch and the reward function's extra values (rlx.reward.score's
+        score_batch: the reward model's, else the reward manager's); a reward that is not a finite number stops the
+        run."""
+        from rlx.reward.manager import RewardError
+        from rlx.reward.score import score_batch
 
+        out = None
         if self.rm is not None:
             out = worker_metrics(self.rm.compute_rm_score(batch), metrics if metrics is not None else {})
-            if not (self.cfg.custom_reward_function.path and "judge_score" in out):
-                # a judge's verdicts travel as a reward extra (in trainer.rollout_data_dir's files, as verl's GenRM
-                # examples return theirs)
-                return out["rm_scores"], ({"judge_verdict": list(out["judge_verdict"])} if "judge_verdict" in out
-                                          else {})
-            batch = with_judge_results(batch, out)  # a custom function combines the judge's score (extra_info)
         try:
-            return self.reward_fn(batch)
+            return score_batch(batch, self.reward_fn, out, custom_function=bool(self.cfg.custom_reward_function.path))
         except RewardError as e:
             raise TrainingStopped(f"step {self.global_step}: {e}") from None
 

@@ -13,6 +13,8 @@ seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
 - LoRA: `actor_rollout_ref.model.lora_adapter_path` is a peft adapter directory rlx can start from;
 - reward: the custom reward file imports and defines the function; without one, every `data_source` has a
   built-in reward;
+- code from files (the custom reward, the tools, a custom dataset class): one kept in a world-writable place (see
+  `world_writable`) is loaded with a warning line naming the key, the file and why;
 - rollout: the vLLM a vLLM rollout will use is not older than the oldest supported release and was built for the
   installed torch (`rlx.workers.rollout.vllm_compat`);
 - checkpoints: `trainer.default_local_dir` is writable when something will be written there, and the checkpoint
@@ -29,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -64,6 +67,7 @@ def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
     (rlx.plan; made here from `cfg` when not given)."""
     plan = plan or make_plan(cfg)
     problems: list[str] = []
+    _warn_world_writable_code(cfg)
     model_dir = _check_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, problems)
     if plan.roles.critic and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
         _check_model("critic.model.path", cfg.critic.model.path, problems)
@@ -103,6 +107,45 @@ def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
     if problems:
         raise PreflightError(problems)
     return DriverInputs(tokenizer, train, val, score_fn, resume_dir)
+
+
+# ---------------------------------------------------------------------------------------------- code from files
+def world_writable(path: str) -> str | None:
+    """Why another user of this machine could change the code in `path` (symlinks resolved), or None: the file is
+    writable by every user; its folder is (even with the sticky bit, as /tmp: anyone may have written the file
+    first); or a folder above it is, without the sticky bit (anyone may rename it and put another in its place)."""
+    real = os.path.realpath(os.path.expanduser(path))
+    try:
+        mode = os.stat(real).st_mode
+    except OSError:
+        return None  # a missing file is reported by its loader
+    if mode & stat.S_IWOTH:
+        return f"the file is writable by every user (mode {stat.S_IMODE(mode):o})"
+    folder = os.path.dirname(real)
+    while True:
+        mode = os.stat(folder).st_mode
+        if mode & stat.S_IWOTH and (folder == os.path.dirname(real) or not mode & stat.S_ISVTX):
+            return f"its folder {folder} is writable by every user (mode {stat.S_IMODE(mode):o})"
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
+def _warn_world_writable_code(cfg: RLXConfig) -> None:
+    """One warning line per file of code the job runs that another user could have changed (it still loads: the
+    files are the user's to place)."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    files = {"custom_reward_function.path": cfg.custom_reward_function.path,
+             "actor_rollout_ref.rollout.multi_turn.function_tool_path": mt.function_tool_path,
+             "actor_rollout_ref.rollout.multi_turn.tool_config_path": mt.tool_config_path,
+             "data.custom_cls.path": (cfg.data.custom_cls or {}).get("path")}
+    for key, path in files.items():
+        why = world_writable(str(path)) if path else None
+        if why:
+            log.warning("rlx: warning: %s=%r is loaded from a world-writable place: %s, so another user of this "
+                        "machine could change the code this job runs. Fix: keep it in a folder only you can write "
+                        "(chmod o-w).", key, str(path), why)
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -239,7 +282,7 @@ def _check_batches(cfg: RLXConfig, train, problems: list[str]) -> None:
 
 
 def _check_reward(cfg: RLXConfig, plan: JobPlan, datasets: list, problems: list[str]):
-    from rlx.data.reward import is_builtin_source, known_data_sources, load_reward_fn
+    from rlx.reward.functions import is_builtin_source, known_data_sources, load_reward_fn
 
     try:
         fn = load_reward_fn(cfg.custom_reward_function, cfg.reward_model.score_kwargs)

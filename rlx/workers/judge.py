@@ -1,20 +1,19 @@
 """The generative reward model (`reward_model.judge.enable`): a causal LM that reads a judging prompt per response and
 writes a verdict, generated with the rollout engines (`hf` on CPU, `vllm`) inside the reward-model worker; the
-number parsed from the verdict is the score (rlx.data.judge). Between scoring calls the engine sleeps like the
-rollout's: vLLM's sleep mode (weights to host memory, KV cache freed; reward_model.rollout.free_cache_engine), the HF
-model on the CPU.
+number parsed from the verdict is the score (rlx.reward.judge builds the prompts and reads the verdicts). Between
+scoring calls the engine sleeps like the rollout's: vLLM's sleep mode (weights to host memory, KV cache freed;
+reward_model.rollout.free_cache_engine), the HF model on the CPU.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 
-import numpy as np
 import torch
 
 from rlx.config.schema import RLXConfig, RolloutConfig
-from rlx.data.judge import fill_template, parse_score, question_of, render_chat
 from rlx.protocol import Batch
+from rlx.reward.judge import judge_prompts, read_verdicts
 
 log = logging.getLogger(__name__)
 
@@ -114,23 +113,8 @@ class Judge:
 
     # ---- scoring --------------------------------------------------------------------------------------
     def prompts(self, batch: Batch) -> tuple[list[list[int]], list[float]]:
-        """Each row's judging prompt as the judge's token ids (a longer one keeps its last prompt_length tokens),
-        and 1.0 for each one so cut."""
-        responses = batch["responses"]
-        attention = batch.tensors.get("attention_mask")
-        mask = attention[:, -responses.shape[1]:] if attention is not None else batch["response_mask"]
-        chats, raw, extras = (batch.non_tensors.get(k) for k in ("raw_chat", "raw_prompt", "extra_info"))
-        truths = batch.non_tensors.get("ground_truth")
-        out, cut = [], []
-        for i in range(len(batch)):
-            response = self.actor_tokenizer.decode(responses[i][mask[i].bool()].tolist(), skip_special_tokens=True)
-            question = question_of(chats[i] if chats is not None else None, raw[i] if raw is not None else None,
-                                   extras[i] if extras is not None else None)
-            message = fill_template(self.judge_cfg, question, response, truths[i] if truths is not None else None)
-            ids = render_chat(self.tokenizer, message)
-            cut.append(float(len(ids) > self.prompt_length))
-            out.append(ids[-self.prompt_length:])
-        return out, cut
+        """Each row's judging prompt as the judge's token ids, and 1.0 for each one cut (rlx.reward.judge)."""
+        return judge_prompts(batch, self.actor_tokenizer, self.tokenizer, self.judge_cfg, self.prompt_length)
 
     def generate(self, prompts: list[list[int]]) -> list[list[int]]:
         """The judge's verdict to each prompt, as token ids (its end token dropped)."""
@@ -153,20 +137,8 @@ class Judge:
         return [r[m.bool()].tolist() for r, m in zip(out["responses"], out["response_mask"])]
 
     def score(self, batch: Batch) -> Batch:
-        """Per row: `judge_score` (the parsed score, or reward_model.judge.failure_score), `judge_failed` (1 when
-        the verdict gave no usable score), `judge_clipped` (1 when the verdict hit response_length), `judge_tokens`
-        (the verdict's length), `judge_prompt_cut` (1 when the prompt was cut to prompt_length) and `judge_verdict`
-        (its text)."""
-        j = self.judge_cfg
+        """Per row: the judge's score, its counts and its verdict (rlx.reward.judge.read_verdicts)."""
         prompts, cut = self.prompts(batch)
         verdict_ids = self.generate(prompts)
-        eos = set(self.engine.eos_token_id)
         texts = [self.tokenizer.decode(v, skip_special_tokens=True) for v in verdict_ids]
-        parsed = [parse_score(t, j.min_score, j.max_score) for t in texts]
-        scores = torch.tensor([j.failure_score if p is None else p for p in parsed], dtype=torch.float32)
-        failed = torch.tensor([float(p is None) for p in parsed])
-        clipped = torch.tensor([float(len(v) >= self.response_length and (not v or v[-1] not in eos))
-                                for v in verdict_ids])
-        tokens = torch.tensor([float(len(v)) for v in verdict_ids])
-        return Batch({"judge_score": scores, "judge_failed": failed, "judge_clipped": clipped, "judge_tokens": tokens,
-                      "judge_prompt_cut": torch.tensor(cut)}, {"judge_verdict": np.asarray(texts, dtype=object)})
+        return read_verdicts(texts, verdict_ids, self.judge_cfg, self.engine.eos_token_id, self.response_length, cut)

@@ -1,11 +1,12 @@
 """The reward-model worker: scores generated responses with a learned reward model (FSDP, no optimizer), or with a
-generative judge (`reward_model.judge.enable`: rlx.workers.judge); and `RewardModelGroup`, the driver's typed handle
-on its ranks."""
+generative judge (`reward_model.judge.enable`: rlx.workers.judge), their inputs shaped by rlx.reward; and
+`RewardModelGroup`, the driver's typed handle on its ranks."""
 from __future__ import annotations
 
 from rlx.config.schema import RLXConfig
 from rlx.plan import JobPlan
 from rlx.protocol import Batch
+from rlx.reward.judge import judge_metrics
 from rlx.workers.base_worker import Worker
 from rlx.workers.group import ResourcePool, WorkerGroup
 
@@ -33,9 +34,9 @@ class RewardModelWorker(Worker):
         """Build the reward model: a classifier, or the judge (on the plan's judge engine)."""
         from transformers import AutoTokenizer
 
-        from rlx.data.rm_inputs import same_tokenizer
         from rlx.engine.reward_model import RewardModelEngine
         from rlx.models import resolve_model_path
+        from rlx.reward.rm_inputs import same_tokenizer
 
         rm, arr = self.cfg.reward_model, self.cfg.actor_rollout_ref
         actor_path = resolve_model_path(rm.model.input_tokenizer or self.cfg.data.tokenizer or arr.model.path)
@@ -57,7 +58,7 @@ class RewardModelWorker(Worker):
 
     def compute_rm_score(self, batch: Batch) -> Batch:
         """`rm_scores` `[rows, R]`: the reward model's score on each response's last valid token."""
-        from rlx.data.rm_inputs import actor_sequences, place_scores, retemplated
+        from rlx.reward.rm_inputs import actor_sequences, place_scores, retemplated
 
         rm = self.cfg.reward_model
         m: dict = {}
@@ -97,16 +98,3 @@ class RewardModelGroup(WorkerGroup):
         if self.judge is not None:
             out.meta.setdefault("metrics", {}).update(judge_metrics(out))
         return out
-
-
-def judge_metrics(out: Batch) -> dict:
-    """The judge's counts over the whole batch (taken out of `out`): parse failures (responses scored
-    reward_model.judge.failure_score), verdicts cut at reward_model.rollout.response_length, the verdicts' mean
-    length in tokens, judging prompts cut to reward_model.rollout.prompt_length."""
-    failed, clipped, tokens, cut = (out.tensors.pop(k) for k in ("judge_failed", "judge_clipped", "judge_tokens",
-                                                                 "judge_prompt_cut"))
-    return {"reward/judge_parse_failures": float(failed.sum()),
-            "reward/judge_parse_failure_ratio": float(failed.mean()) if len(failed) else 0.0,
-            "reward/judge_verdicts_clipped": float(clipped.sum()),
-            "reward/judge_prompts_cut": float(cut.sum()),
-            "reward/judge_verdict_length/mean": float(tokens.mean()) if len(tokens) else 0.0}

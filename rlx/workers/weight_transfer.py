@@ -70,6 +70,8 @@ class WeightTransfer:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+            if hasattr(self.pg, "_set_sequence_number_for_group"):  # what init_process_group does for its groups
+                self.pg._set_sequence_number_for_group()
         else:
             self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
         self._store = store  # the group keeps using it

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Optional
 
-from rlx.data.rewards.gsm8k import compute_score
+from rlx.reward.rules.gsm8k import compute_score
 from rlx.workers.rollout.agent.tools import BaseTool, ToolResponse
 
 

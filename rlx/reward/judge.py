@@ -1,7 +1,9 @@
-"""What a generative judge reads and how its verdict becomes a score.
+"""What a generative judge reads and how its verdict becomes a score (the judge's engine runs in the reward-model
+worker: rlx.workers.judge).
 
 `judge_prompts` fills the judge's template (rlx.config.judge) with each row's question, response and ground truth
-and writes it with the judge's chat template; `parse_score` reads the verdict:
+and writes it with the judge's chat template; `parse_score` reads each verdict, `read_verdicts` turns a batch of
+them into scores and counts, and `judge_metrics` sums the counts over the whole batch:
 
 1. When the verdict has a reasoning part closed by ``</think>``, only the text after the last one is read.
 2. A number that follows the word score, rating or grade (any case, on the same line, at most 20 characters of
@@ -17,6 +19,7 @@ import re
 from typing import Optional
 
 import numpy as np
+import torch
 
 from rlx.config.judge import TEMPLATE, TEMPLATE_WITH_REFERENCE, RewardJudgeConfig
 from rlx.protocol import Batch
@@ -89,3 +92,52 @@ def with_judge_results(batch: Batch, judged: Batch) -> Batch:
     out = np.empty(len(rows), dtype=object)
     out[:] = rows
     return Batch(dict(batch.tensors), {**batch.non_tensors, "extra_info": out}, dict(batch.meta))
+
+
+def judge_prompts(batch: Batch, actor_tokenizer, judge_tokenizer, judge: RewardJudgeConfig,
+                  prompt_length: int) -> tuple[list[list[int]], list[float]]:
+    """Each row's judging prompt as the judge's token ids (a longer one keeps its last `prompt_length` tokens), and
+    1.0 for each one so cut. The response is decoded with the actor's tokenizer (special tokens skipped)."""
+    responses = batch["responses"]
+    attention = batch.tensors.get("attention_mask")
+    mask = attention[:, -responses.shape[1]:] if attention is not None else batch["response_mask"]
+    chats, raw, extras = (batch.non_tensors.get(k) for k in ("raw_chat", "raw_prompt", "extra_info"))
+    truths = batch.non_tensors.get("ground_truth")
+    out, cut = [], []
+    for i in range(len(batch)):
+        response = actor_tokenizer.decode(responses[i][mask[i].bool()].tolist(), skip_special_tokens=True)
+        question = question_of(chats[i] if chats is not None else None, raw[i] if raw is not None else None,
+                               extras[i] if extras is not None else None)
+        message = fill_template(judge, question, response, truths[i] if truths is not None else None)
+        ids = render_chat(judge_tokenizer, message)
+        cut.append(float(len(ids) > prompt_length))
+        out.append(ids[-prompt_length:])
+    return out, cut
+
+
+def read_verdicts(texts: list[str], verdict_ids: list[list[int]], judge: RewardJudgeConfig, eos_ids,
+                  response_length: int, cut: list[float]) -> Batch:
+    """Per row: `judge_score` (the parsed score, or judge.failure_score), `judge_failed` (1 when the verdict gave no
+    usable score), `judge_clipped` (1 when the verdict hit `response_length` without an end token), `judge_tokens`
+    (the verdict's length), `judge_prompt_cut` (`cut`, from judge_prompts) and `judge_verdict` (its text)."""
+    eos = set(eos_ids)
+    parsed = [parse_score(t, judge.min_score, judge.max_score) for t in texts]
+    scores = torch.tensor([judge.failure_score if p is None else p for p in parsed], dtype=torch.float32)
+    failed = torch.tensor([float(p is None) for p in parsed])
+    clipped = torch.tensor([float(len(v) >= response_length and (not v or v[-1] not in eos)) for v in verdict_ids])
+    tokens = torch.tensor([float(len(v)) for v in verdict_ids])
+    return Batch({"judge_score": scores, "judge_failed": failed, "judge_clipped": clipped, "judge_tokens": tokens,
+                  "judge_prompt_cut": torch.tensor(cut)}, {"judge_verdict": np.asarray(texts, dtype=object)})
+
+
+def judge_metrics(out: Batch) -> dict:
+    """The judge's counts over the whole batch (taken out of `out`): parse failures (responses scored
+    reward_model.judge.failure_score), verdicts cut at reward_model.rollout.response_length, the verdicts' mean
+    length in tokens, judging prompts cut to reward_model.rollout.prompt_length."""
+    failed, clipped, tokens, cut = (out.tensors.pop(k) for k in ("judge_failed", "judge_clipped", "judge_tokens",
+                                                                 "judge_prompt_cut"))
+    return {"reward/judge_parse_failures": float(failed.sum()),
+            "reward/judge_parse_failure_ratio": float(failed.mean()) if len(failed) else 0.0,
+            "reward/judge_verdicts_clipped": float(clipped.sum()),
+            "reward/judge_prompts_cut": float(cut.sum()),
+            "reward/judge_verdict_length/mean": float(tokens.mean()) if len(tokens) else 0.0}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from rlx.data.rewards.math_boxed import balanced_from
+from rlx.reward.rules.math_boxed import balanced_from
 
 CLIP_CHARS = 300
 BOX_CHARS = 100

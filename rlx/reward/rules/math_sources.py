@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rlx.data.rewards import math_boxed, math_minerva
+from rlx.reward.rules import math_boxed, math_minerva
 
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
