@@ -3,11 +3,10 @@
 typed config depends on nothing above it."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rlx.config.rules import check_choice, check_positive, get_key
+from rlx.config.rules import check_choice, check_positive
 
 
 @dataclass
@@ -100,10 +99,7 @@ def check_agent(cfg, errors):
         errors.append(f"{key}.agent.default_agent_loop={agent.default_agent_loop!r} is not a built-in agent loop "
                       f"{list(AGENT_LOOPS)}. Fix: register it with {key}.agent.agent_loop_config_path, or pick one "
                       f"of those.")
-    for k in ("agent.agent_loop_config_path", "multi_turn.tool_config_path", "multi_turn.function_tool_path"):
-        path = get_key(r, k)
-        if path and not os.path.isfile(os.path.expanduser(path)):
-            errors.append(f"{key}.{k}={path!r} is not a file. Fix: {key}.{k}=<the path of an existing file>.")
+    # the agent loop's and tools' files exist: rlx.trainer.probes
     check_choice(errors, f"{key}.multi_turn.format", mt.format, TOOL_FORMATS)
     check_choice(errors, f"{key}.multi_turn.tool_response_truncate_side", mt.tool_response_truncate_side,
                  TRUNCATE_SIDES)

@@ -11,7 +11,6 @@ import string
 from dataclasses import dataclass
 from typing import Optional
 
-from rlx.config.roles import vllm_missing
 
 
 TEMPLATE_FIELDS = ("question", "response", "ground_truth", "min_score", "max_score")
@@ -131,11 +130,7 @@ def check_judge(cfg, errors):
     for key in ("prompt_length", "response_length"):
         if getattr(r, key) is not None and getattr(r, key) <= 0:
             errors.append(f"reward_model.rollout.{key}={getattr(r, key)} must be positive (or null: 2048).")
-    if vllm_missing(r.name or cfg.actor_rollout_ref.rollout.name):
-        from rlx.config.device import VLLM_INSTALL_HINT
-        errors.append(f"the judge generates with vLLM (reward_model.rollout.name={r.name!r}, "
-                      f"actor_rollout_ref.rollout.name={cfg.actor_rollout_ref.rollout.name!r}) but vLLM is not "
-                      f"installed. {VLLM_INSTALL_HINT} Fix: install it as above, or reward_model.rollout.name=hf.")
+    # the judge's engine without vLLM installed: rlx.trainer.probes
     if r.load_format is not None and str(r.load_format).startswith("dummy"):
         errors.append(f"reward_model.rollout.load_format={r.load_format!r} gives the judge random weights (nothing "
                       f"is synced into it). Fix: reward_model.rollout.load_format=auto (or leave it out).")

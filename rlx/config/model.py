@@ -3,15 +3,12 @@ LoRA, the fused head and tiling (long sequences), activation offload, Liger, Uly
 """
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlx.config.fsdp import STRATEGIES
 from rlx.config.offload import ActivationOffloadConfig
-from rlx.config.roles import plan_roles
 from rlx.config.rules import built_roles, check_positive, choice, get_key, world_size
-from rlx.models.inspect import model_config, model_module_names, num_hidden_layers  # IO: to the preflight next
 
 
 @dataclass
@@ -119,13 +116,7 @@ def check_sequence_parallel(cfg, errors):
             errors.append(f"{key}={sp} shards the packed (remove-padding) sequence and needs "
                           f"{prefix}.use_remove_padding=True (as in verl). Fix: {prefix}.use_remove_padding=True, "
                           f"or {key}=1.")
-        conf = model_config(model)
-        heads = conf.get("num_attention_heads")
-        if heads is None:
-            continue
-        problem = sp_heads_problem(key, sp, heads, conf.get("num_key_value_heads"), f"{prefix}.path={model.path!r}")
-        if problem:
-            errors.append(problem)
+        # the model's head counts (its config.json): rlx.trainer.probes
 
 
 def sp_heads_problem(key: str, sp: int, heads: int, kv_heads: int | None, where: str) -> str | None:
@@ -154,8 +145,7 @@ def check_kernels(cfg, errors):
         if cfg.trainer.device == "cpu":
             errors.append(f"{key}=True runs Liger's Triton kernels, which need a GPU, but trainer.device=cpu. "
                           f"Fix: {key}=False, or trainer.device=cuda.")
-        elif importlib.util.find_spec("liger_kernel") is None:
-            errors.append(f"{key}=True needs the liger-kernel package. Fix: pip install liger-kernel, or {key}=False.")
+        # the liger-kernel package: rlx.trainer.probes
 
 
 def check_offload(cfg, errors):
@@ -172,25 +162,7 @@ def check_offload(cfg, errors):
                           f"got {strategy_key}={strategy!r}. Fix: set {strategy_key}=fsdp2, or "
                           f"{prefix}.enable_activation_offload=False.")
             continue
-        if role == "critic" and not plan_roles(cfg).critic:
-            continue  # no critic is built
-        layers = model.override_config.get("num_hidden_layers") or num_hidden_layers(model.path)
-        if layers is not None and layers < 3:
-            errors.append(f"{prefix}.enable_activation_offload=True needs a model with at least 3 decoder layers "
-                          f"({prefix}.path={model.path!r} has {layers}). Fix: "
-                          f"{prefix}.enable_activation_offload=False.")
-
-
-def check_head_backend(cfg, errors):
-    """fused_kernel_options.impl_backend: torch | triton; triton needs the package and a GPU (or the interpreter)."""
-    from rlx.config.device import triton_head_problem
-
-    model = cfg.actor_rollout_ref.model
-    backend = model.fused_kernel_options.impl_backend
-    if backend == "triton" and model.use_fused_kernels:  # the unfused head has no backend (as in verl)
-        problem = triton_head_problem(cfg.trainer.device)
-        if problem:
-            errors.append(problem)
+        # the model's layer count (its config.json): rlx.trainer.probes
 
 
 def check_long_sequences(cfg, errors):
@@ -199,7 +171,7 @@ def check_long_sequences(cfg, errors):
     if model.use_fused_kernels:
         check_positive(errors, "actor_rollout_ref.model.fused_kernel_options.chunk_size",
                   model.fused_kernel_options.chunk_size, "(tokens per chunk of the fused head)")
-    check_head_backend(cfg, errors)
+    # fused_kernel_options.impl_backend is a declared choice; triton's package and device: rlx.trainer.probes
     for role in ("actor", "ref"):  # the unfused head's chunked entropy
         if get_key(cfg, f"actor_rollout_ref.{role}.entropy_from_logits_with_chunking"):
             key = f"actor_rollout_ref.{role}.entropy_from_logits_chunk_size"
@@ -267,18 +239,7 @@ def check_lora(cfg, errors):
             errors.append(f"{key}.target_modules contains {k}: rlx puts LoRA on the decoder layers' linear projections "
                           f"only (the fused head reads the output projection's weight, tied to the embedding). "
                           f"Fix: remove {k} from {key}.target_modules.")
-    if lists:
-        try:
-            names = model_module_names(model.path, model.trust_remote_code)
-        except Exception:  # noqa: BLE001 - an unreadable model is the preflight's to report
-            names = None
-        if names is not None:
-            linear = sorted({n.rsplit(".", 1)[-1] for n, c in names if c == "Linear"})
-            for k, listed in lists.items():
-                missing = [t for t in listed if not any(n == t or n.endswith("." + t) for n, _ in names)]
-                if missing:
-                    errors.append(f"{key}.{k}={listed}: {missing} name no module of {model.path}; its linear modules "
-                                  f"are {linear}. Fix: name some of them, or {key}.target_modules=all-linear.")
+    # the module names of the model (built on the meta device): rlx.trainer.probes
     check_lora_dtype(cfg, key, f"lora_rank={rank}", errors)
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 from rlx.config.agent import AgentLoopConfig, MultiTurnConfig
 from rlx.config.profiler import RolloutProfilerConfig
-from rlx.config.roles import ENGINES, vllm_missing
+from rlx.config.roles import ENGINES
 from rlx.config.rules import check_choice, choice, world_size
 
 
@@ -167,10 +167,7 @@ def check_rollout(cfg, errors):
     r = cfg.actor_rollout_ref.rollout
     if r.name != "sglang":  # named in _check_agent
         check_choice(errors, "actor_rollout_ref.rollout.name", r.name, ROLLOUT_NAMES)
-    if vllm_missing(r.name):
-        from rlx.config.device import VLLM_INSTALL_HINT
-        errors.append(f"actor_rollout_ref.rollout.name=vllm but vLLM is not installed. {VLLM_INSTALL_HINT} "
-                      f"Fix: install it as above, or actor_rollout_ref.rollout.name=hf.")
+    # rollout.name=vllm without vLLM installed: rlx.trainer.probes
     greedy = (not r.do_sample) or r.temperature == 0
     if r.n > 1 and greedy:
         errors.append(f"actor_rollout_ref.rollout.n={r.n} with greedy sampling (do_sample={r.do_sample}, "

@@ -2,14 +2,11 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Optional
 
 from rlx.config.profiler import profiler_roles
-from rlx.config.reward_model import valid_pool
-from rlx.config.roles import reward_model_pool
 from rlx.config.rules import choice
 
 
@@ -114,51 +111,10 @@ def check_trainer(cfg, errors):
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         errors.append("trainer.resume_mode=resume_path needs the checkpoint to resume from. Fix: "
                       "trainer.resume_from_path=<a global_step_N dir>, or trainer.resume_mode=auto.")
-    loggers = [t.logger] if isinstance(t.logger, str) else list(t.logger)
-    if "wandb" in loggers and importlib.util.find_spec("wandb") is None:  # a dependency: a broken install only
-        errors.append("trainer.logger includes wandb but wandb is not installed (a dependency of rlx). Fix: "
-                      "pip install wandb, or drop it from trainer.logger.")
-    if "swanlab" in loggers and importlib.util.find_spec("swanlab") is None:  # an optional extra
-        errors.append("trainer.logger=swanlab needs the swanlab package, an optional extra of rlx that is not "
-                      "installed. Fix: pip install swanlab (or pip install 'rlx[swanlab]'), or drop swanlab from "
-                      "trainer.logger.")
+    # the loggers' packages (wandb, swanlab): rlx.trainer.probes
     if t.total_training_steps is not None and t.total_training_steps <= 0:
         errors.append(f"trainer.total_training_steps={t.total_training_steps} must be positive or null. Fix: "
                       f"trainer.total_training_steps=null (trainer.total_epochs decides).")
-
-
-def check_device(cfg, errors):
-    from rlx.config.device import joins_cluster, visible_gpu_count
-
-    t = cfg.trainer
-    if t.device != "cuda" or joins_cluster(cfg):  # a cluster's GPUs are checked when the workers are placed
-        return
-    gpus = visible_gpu_count()
-    if gpus == 0:
-        errors.append("trainer.device=cuda but this machine has no GPU (torch.cuda.is_available() is False and "
-                      "nvidia-smi lists none). Fix: trainer.device=cpu (or auto), or join a GPU cluster with "
-                      "ray_init.address=<head-ip>:6379.")
-    elif t.nnodes > 1:
-        errors.append(f"trainer.nnodes={t.nnodes} needs a Ray cluster of that many nodes; this run starts a local "
-                      f"Ray. Fix: ray_init.address=<head-ip>:6379 (or submit it with `ray job submit`), or "
-                      f"trainer.nnodes=1.")
-    elif not cfg.actor_rollout_ref.hybrid_engine and t.n_gpus_per_node + cfg.rollout.n_gpus_per_node > gpus:
-        errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} + rollout.n_gpus_per_node="
-                      f"{cfg.rollout.n_gpus_per_node} (actor_rollout_ref.hybrid_engine=False: the rollout's own GPUs) "
-                      f"but this machine has {gpus} GPU(s). Fix: fewer GPUs for either.")
-    elif t.n_gpus_per_node > gpus:
-        errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} but this machine has {gpus} GPU(s). Fix: "
-                      f"trainer.n_gpus_per_node={gpus}.")
-    elif valid_pool(cfg) and reward_model_pool(cfg) is not None:
-        rm = cfg.reward_model
-        if rm.nnodes > 1:
-            errors.append(f"reward_model.nnodes={rm.nnodes} needs a Ray cluster of that many nodes; this run starts a "
-                          f"local Ray. Fix: ray_init.address=<head-ip>:6379, or reward_model.nnodes=1.")
-        elif t.n_gpus_per_node + rm.n_gpus_per_node > gpus:
-            errors.append(f"trainer.n_gpus_per_node={t.n_gpus_per_node} + reward_model.n_gpus_per_node="
-                          f"{rm.n_gpus_per_node} (the reward model's own pool, reward_model.enable_resource_pool=True)"
-                          f" but this machine has {gpus} GPU(s). Fix: fewer GPUs for either, or "
-                          f"reward_model.enable_resource_pool=False (colocated).")
 
 
 def in_ray_job() -> bool:

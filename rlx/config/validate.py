@@ -44,7 +44,6 @@ RULES: tuple[Callable[[RLXConfig, list[str]], None], ...] = (
     data.check_data_keys,
     profiler.check_profiler,
     fsdp.check_mixed_precision,
-    trainer.check_device,
     trainer.check_output_paths,
     lambda cfg, errors: errors.extend(check_async_training(cfg)),
 )

@@ -47,3 +47,13 @@ def model_module_names(model_path: str, trust_remote_code: bool = False) -> list
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     return [(n, type(m).__name__) for n, m in model.named_modules()]
+
+
+def installed(package: str) -> bool:
+    """The package can be imported here (its spec is found; nothing is imported)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
