@@ -238,3 +238,26 @@ def test_validation_does_no_io(monkeypatch):
                          (subprocess, "run"), (subprocess, "check_output")):
         monkeypatch.setattr(module, name, io)
     config_errors(cfg)  # no AssertionError from the stand-ins
+
+
+def test_closed_choices_are_declared_on_their_fields():
+    """Each closed choice sits on its field (rlx.config.rules.choice) and the one walker checks it: the quickstart's
+    values are among their choices, and a bad value anywhere in the tree is named with its key and the choices."""
+    from rlx.config.rules import choice_errors, declared_choices
+
+    cfg = load_config()
+    declared = {key: (value, choices) for key, value, choices, _ in declared_choices(cfg)}
+    for key in ("algorithm.adv_estimator", "algorithm.kl_penalty", "actor_rollout_ref.actor.loss_agg_mode",
+                "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.rollout.load_format",
+                "actor_rollout_ref.rollout.multi_turn.format", "critic.optim.warmup_style", "data.truncation",
+                "trainer.logger", "trainer.device", "reward_model.reward_manager"):
+        assert key in declared, key
+    errors: list[str] = []
+    choice_errors(cfg, errors)
+    assert errors == []
+    cfg.critic.optim.warmup_style, cfg.trainer.logger = "linear", ["console", "nope"]
+    choice_errors(cfg, errors)
+    assert errors == ["critic.optim.warmup_style='linear' is not valid; choose one of ['constant', 'cosine']. Fix: "
+                      "critic.optim.warmup_style=<one of them>.",
+                      "trainer.logger='nope' is not valid; choose one of ['console', 'file', 'tensorboard', 'wandb', "
+                      "'swanlab']. Fix: trainer.logger=<one of them>."]

@@ -1,12 +1,17 @@
 """Configuration of the agent-loop rollout (`rollout.mode=async`, `rollout.agent.*`) and of multi-turn tool calling
 (`rollout.multi_turn.*`), verl's keys with verl's defaults; see docs/agent.md. Plain dataclasses, here so that the
-typed config depends on nothing above it."""
+typed config depends on nothing above it, and their rules."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rlx.config.rules import check_choice, check_positive
+from rlx.config.rules import check_positive, choice
+
+AGENT_LOOPS = ("single_turn_agent", "tool_agent")  # the built-in ones (rlx.workers.rollout.agent)
+TOOL_FORMATS = ("hermes",)
+TRUNCATE_SIDES = ("left", "middle", "right")
+SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
 
 @dataclass
@@ -52,15 +57,15 @@ class MultiTurnConfig:
     """Tool calls run per assistant turn (the first ones the model made; they run concurrently)."""
     max_tool_response_length: int = 256
     """A tool's text beyond this many characters is cut (tool_response_truncate_side) before it is tokenized."""
-    tool_response_truncate_side: str = "middle"
+    tool_response_truncate_side: str = choice("middle", TRUNCATE_SIDES)
     """Where a long tool response is cut: left (keep the end) | right (keep the start) | middle (keep both ends)."""
     use_inference_chat_template: bool = False
     """False: the trajectory holds the token ids the model generated, turn by turn (verl's default; True, re-rendering
     earlier turns with the inference template, is not supported)."""
-    tokenization_sanity_check_mode: str = "strict"
+    tokenization_sanity_check_mode: str = choice("strict", SANITY_CHECK_MODES)
     """Compare each finished tool trajectory with the chat template applied to its whole conversation: strict (warn
     on any difference) | ignore_strippable (ignore whitespace-only differences) | disable."""
-    format: str = "hermes"
+    format: str = choice("hermes", TOOL_FORMATS)
     """Tool-call format parsed from the model's text: hermes (`<tool_call>{"name": ..., "arguments": {...}}
     </tool_call>`, Qwen's)."""
     num_repeat_rollouts: Optional[int] = None
@@ -74,22 +79,8 @@ def uses_agent_loop(rollout) -> bool:
     return rollout.mode == "async" or bool(rollout.multi_turn.enable)
 
 
-AGENT_LOOPS = ("single_turn_agent", "tool_agent")  # the built-in ones (rlx.workers.rollout.agent)
-
-
-TOOL_FORMATS = ("hermes",)
-
-
-TRUNCATE_SIDES = ("left", "middle", "right")
-
-
-SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
-
-
 def check_agent(cfg, errors):
     """rollout.mode, rollout.agent.* and rollout.multi_turn.* (docs/agent.md)."""
-    from rlx.config.agent import uses_agent_loop
-
     r, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout"
     if r.name == "sglang":
         errors.append(f"{key}.name=sglang: rlx serves vLLM (and HF generate), not SGLang; verl's multi-turn configs "
@@ -100,11 +91,6 @@ def check_agent(cfg, errors):
                       f"{list(AGENT_LOOPS)}. Fix: register it with {key}.agent.agent_loop_config_path, or pick one "
                       f"of those.")
     # the agent loop's and tools' files exist: rlx.trainer.probes
-    check_choice(errors, f"{key}.multi_turn.format", mt.format, TOOL_FORMATS)
-    check_choice(errors, f"{key}.multi_turn.tool_response_truncate_side", mt.tool_response_truncate_side,
-                 TRUNCATE_SIDES)
-    check_choice(errors, f"{key}.multi_turn.tokenization_sanity_check_mode", mt.tokenization_sanity_check_mode,
-            SANITY_CHECK_MODES)
     check_positive(errors, f"{key}.multi_turn.max_parallel_calls", mt.max_parallel_calls)
     check_positive(errors, f"{key}.multi_turn.max_tool_response_length", mt.max_tool_response_length)
     if not (isinstance(mt.tool_timeout_s, (int, float)) and mt.tool_timeout_s > 0):

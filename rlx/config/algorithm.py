@@ -10,8 +10,6 @@ from rlx.config.rules import check_choice, choice
 
 
 FILTER_METRICS_SEQ = ("reward", "seq_reward", "seq_final_reward")
-
-
 PF_PPO_METHODS = ("pow", "max_min", "max_random")
 
 

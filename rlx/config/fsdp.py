@@ -9,14 +9,8 @@ from rlx.config.rules import built_roles, choice, get_key, world_size
 
 
 STRATEGIES = ("fsdp", "fsdp2")
-
-
 VERL_ENGINE_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")  # the values verl's FSDP engine config accepts
-
-
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
-
-
 DTYPE_NAMES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 
 

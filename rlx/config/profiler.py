@@ -233,8 +233,6 @@ NO_OP_BY_DESIGN = {
 
 
 PROFILER_TOOLS = (None, "torch", "torch_memory")
-
-
 REFUSED_PROFILER_TOOLS = {
     "nsys": "NVIDIA Nsight Systems needs the workers started under nsys (verl's Ray runtime-env hook), which rlx does "
             "not do; for GPU kernels and timelines use global_profiler.tool=torch (its traces hold the CUDA kernels)",

@@ -15,8 +15,6 @@ from rlx.config.rules import check_choice, check_positive, choice
 
 
 REWARD_MANAGERS = ("naive", "dapo", "batch")
-
-
 OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")
 
 

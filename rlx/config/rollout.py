@@ -12,11 +12,7 @@ from rlx.config.rules import check_choice, choice, world_size
 
 
 ROLLOUT_NAMES = ("auto",) + ENGINES  # sglang: refused by name (_check_agent)
-
-
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
-
-
 LOAD_FORMATS = ("dummy_dtensor", "dummy", "auto", "safetensors", "pt")
 
 

@@ -11,8 +11,6 @@ from rlx.config.rules import choice
 
 
 LOGGERS = ("console", "file", "tensorboard", "wandb", "swanlab")
-
-
 LEGACY_WORKER_IMPL = ("auto", "enable", "disable")  # verl's values (any other is verl's ValueError too)
 
 
