@@ -13,7 +13,8 @@ Tables:
 - `keys K ...`: | key | default | what it does |, the default from `RLXConfig()` and the text from the field's
   docstring (the comment of the key in rlx/trainer/config/ppo_trainer.yaml); `K.*` is every key of section K.
 - `verl_default_exceptions`: the keys whose default is not verl's (`VERL_DEFAULT_EXCEPTIONS`), with the reason.
-- `no_op_by_design`, `deprecated`, `follows`, `not_supported`: the key lists of the same names in the schema.
+- `no_op_by_design`, `deprecated`, `follows`, `not_supported`: the key lists of the same names in
+  rlx/config/verl_compat.py.
 
 tests/test_docs.py fails when a block is stale or names a key the schema does not have.
 """
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlx.config import schema  # noqa: E402
+from rlx.config import schema, verl_compat  # noqa: E402
 from rlx.config.export import field_docs  # noqa: E402
 
 BLOCK = re.compile(r"(<!-- gen:(\w+)(.*?)-->\n)(.*?)(<!-- /gen -->)", re.DOTALL)
@@ -136,21 +137,21 @@ def render(name: str, args: list[str]) -> str:
     if args:
         raise ValueError(f"gen:{name} takes no arguments (got {args}). Fix: drop them.")
     if name == "verl_default_exceptions":
-        rows = [[f"`{k}`", value(r), value(v), cell(why)] for k, (r, v, why) in schema.VERL_DEFAULT_EXCEPTIONS.items()]
+        rows = [[f"`{k}`", value(r), value(v), cell(why)] for k, (r, v, why) in verl_compat.VERL_DEFAULT_EXCEPTIONS.items()]
         return table(["key", "rlx", "verl 0.9.1", "why"], rows)
     if name == "no_op_by_design":
         return table(["key", "accepted with any value, no effect, because"],
-                     [[f"`{k}`", cell(why)] for k, why in sorted(schema.NO_OP_BY_DESIGN.items())])
+                     [[f"`{k}`", cell(why)] for k, why in sorted(verl_compat.NO_OP_BY_DESIGN.items())])
     if name == "deprecated":
         return table(["verl's deprecated key", "taken as (divided per GPU, with a note)"],
-                     [[f"`{k}`", f"`{v}`"] for k, v in schema.DEPRECATED.items()])
+                     [[f"`{k}`", f"`{v}`"] for k, v in verl_compat.DEPRECATED.items()])
     if name == "follows":
         return table(["key", "mirrors (rlx reads this one; another value is refused)"],
-                     [[f"`{k}`", f"`{v}`"] for k, v in schema.FOLLOWS.items()])
+                     [[f"`{k}`", f"`{v}`"] for k, v in verl_compat.FOLLOWS.items()])
     if name == "not_supported":
         return table(["key", "the only value accepted (verl's default)", "why"],
-                     [[f"`{k}`", value(v), cell(schema.NOT_SUPPORTED_REASONS.get(k, "not implemented yet"))]
-                      for k, v in sorted(schema.NOT_SUPPORTED.items())])
+                     [[f"`{k}`", value(v), cell(verl_compat.NOT_SUPPORTED_REASONS.get(k, "not implemented yet"))]
+                      for k, v in sorted(verl_compat.NOT_SUPPORTED.items())])
     raise ValueError(f"gen:{name} is not a table of scripts/gen_docs.py. Fix: one of keys, verl_default_exceptions, "
                      f"no_op_by_design, deprecated, follows, not_supported.")
 

@@ -1,7 +1,11 @@
 #!/usr/bin/env python
 """Convert GSM8K jsonl (``train.jsonl`` / ``test.jsonl`` with ``question`` and ``answer``) into verl-format parquet.
 
-    python scripts/prepare_gsm8k.py --input_dir ../shared/data/gsm8k --output_dir ~/data/gsm8k
+The jsonl files are OpenAI's grade-school-math repository's ``grade_school_math/data/{train,test}.jsonl``
+(https://github.com/openai/grade-school-math, MIT license); download them first (docs/data.md). Run with the
+project's interpreter:
+
+    .venv/bin/python scripts/prepare_gsm8k.py --input_dir <dir with train.jsonl/test.jsonl> --output_dir ~/data/gsm8k
 
 Writes ``train.parquet`` and ``test.parquet`` (for each split whose jsonl exists). Nothing is downloaded.
 

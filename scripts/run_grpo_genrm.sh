@@ -7,7 +7,7 @@
 # reward-model worker; the parsed N is the reward. Both vLLM engines (policy, judge) sleep when not generating.
 #
 # Data: $HOME/data/gsm8k/{train,test}.parquet in verl's row format, made (offline) by
-#   python scripts/prepare_gsm8k.py --input_dir <dir with train.jsonl/test.jsonl> --output_dir ~/data/gsm8k
+#   .venv/bin/python scripts/prepare_gsm8k.py --input_dir <dir with train.jsonl/test.jsonl> --output_dir ~/data/gsm8k
 #
 #   MODEL_PATH=/path/to/Qwen2.5-0.5B-Instruct JUDGE_PATH=/path/to/Qwen2.5-1.5B-Instruct bash scripts/run_grpo_genrm.sh
 #

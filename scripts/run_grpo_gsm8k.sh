@@ -2,7 +2,7 @@
 # GRPO on GSM8K with vLLM rollout and layer-grouped activation offload (GPU).
 #
 # Data: $HOME/data/gsm8k/{train,test}.parquet in verl's row format, made (offline) by
-#   python scripts/prepare_gsm8k.py --input_dir <dir with train.jsonl/test.jsonl> --output_dir ~/data/gsm8k
+#   .venv/bin/python scripts/prepare_gsm8k.py --input_dir <dir with train.jsonl/test.jsonl> --output_dir ~/data/gsm8k
 # Model: any local HF directory; MODEL_PATH defaults to $HOME/models/Qwen2.5-0.5B-Instruct.
 #
 #   MODEL_PATH=/path/to/Qwen2.5-0.5B-Instruct N_GPUS=8 bash scripts/run_grpo_gsm8k.sh trainer.total_epochs=3

@@ -3,7 +3,7 @@
 # answer; the reward counts the final answer. Agent loop (tool_agent) over vLLM, activation offload on (GPU).
 #
 # Data: $HOME/data/gsm8k_tool/{train,test}.parquet, verl's tool-agent rows, made (offline) by
-#   python scripts/prepare_gsm8k.py --multi-turn --input_dir <dir with train.jsonl/test.jsonl> --output_dir ~/data/gsm8k_tool
+#   .venv/bin/python scripts/prepare_gsm8k.py --multi-turn --input_dir <dir with train.jsonl/test.jsonl> --output_dir ~/data/gsm8k_tool
 # Model: an instruct model whose chat template has a tool role (Qwen2.5-*-Instruct); MODEL_PATH defaults to
 # $HOME/models/Qwen2.5-0.5B-Instruct.
 # Without instruct weights: scripts/gpu_tool_recipe.sh (random weights + scripts/sft_tool_format.py's format warm

@@ -2,7 +2,7 @@
 # PPO (GAE with a critic) on GSM8K with vLLM rollout and activation offload on the actor and the critic (GPU).
 #
 # Data: $HOME/data/gsm8k/{train,test}.parquet in verl's row format, made (offline) by
-#   python scripts/prepare_gsm8k.py --input_dir <dir with train.jsonl/test.jsonl> --output_dir ~/data/gsm8k
+#   .venv/bin/python scripts/prepare_gsm8k.py --input_dir <dir with train.jsonl/test.jsonl> --output_dir ~/data/gsm8k
 # Model: any local HF directory; MODEL_PATH defaults to $HOME/models/Qwen2.5-0.5B-Instruct (the critic starts
 # from the same weights, with a value head).
 #

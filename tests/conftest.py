@@ -27,6 +27,20 @@ def load_config(overrides=None, config_dir=None, config_name: str = QUICKSTART, 
     return load(overrides, config_dir, config_name, validate)
 
 
+def refusal(overrides, config_name: str = QUICKSTART) -> str:
+    """What the checks before any worker starts say about `overrides` on `config_name`: validation's rules and the
+    preflight's rules that read the machine (rlx.trainer.probes: model files, packages, GPUs), one problem a line.
+    Fails the test when they accept the command line."""
+    from rlx.config import load_config as load
+    from rlx.config.validate import config_errors
+    from rlx.trainer.probes import machine_problems
+
+    cfg = load(list(overrides), None, config_name, validate=False)
+    problems = config_errors(cfg) + machine_problems(cfg)
+    assert problems, f"{overrides} was accepted"
+    return "\n  - ".join(problems)
+
+
 def fit_job(overrides, tmp_path, config_name: str = QUICKSTART):
     """Build `config_name` with `overrides` (checkpoints and logs under tmp_path), start its Ray worker groups, run
     `fit()`, shut down: (the per-step metrics, the parameter checksum before, after)."""

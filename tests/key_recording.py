@@ -5,8 +5,9 @@ runs it and accounts for every leaf key of the schema.
 
 How: each dataclass instance of the typed config gets its own subclass (named after its key path) whose
 `__getattribute__` records a read of a leaf field together with the file of the reading frame; copies made by
-`dataclasses.replace` or `copy` keep the subclass, so their reads count too. Reads from rlx/config/validate.py
-(checking a key is not using it) and from outside rlx (dataclasses.asdict, copy) are not recorded.
+`dataclasses.replace` or `copy` keep the subclass, so their reads count too. Reads by the config's rules
+(rlx/config/validate.py, rules.py and each section's check_* functions: checking a key is not using it) and from
+outside rlx (dataclasses.asdict, copy) are not recorded.
 
 What runs (no Ray: the worker groups are replaced by the worker classes themselves, in this process, world size
 1 over gloo): `rlx.trainer.launch.run` -- preflight, `init_ray` (ray.init stubbed), the trainer's loop with validation
@@ -31,13 +32,22 @@ from pathlib import Path
 
 REPO = str(Path(__file__).resolve().parent.parent)
 RLX_DIR = os.path.join(REPO, "rlx") + os.sep
-NOT_A_USE = (os.path.join(RLX_DIR, "config", "validate.py"),)
+CONFIG_DIR = os.path.join(RLX_DIR, "config") + os.sep
+NOT_A_USE = (os.path.join(CONFIG_DIR, "validate.py"), os.path.join(CONFIG_DIR, "rules.py"))
+RULE_PREFIXES = ("check_", "_check_")  # the sections' rules (rlx/config/<section>.py) and their helpers
+RULE_HELPERS = ("_sp_roles", "valid_pool")
+
+
+def _is_a_rule(frame_file: str, function: str) -> bool:
+    """A read by a config rule checks the key; it is not a use."""
+    return frame_file in NOT_A_USE or (frame_file.startswith(CONFIG_DIR) and (
+        function.startswith(RULE_PREFIXES) or function in RULE_HELPERS))
 
 READS: dict[str, set[str]] = {}
 
 
-def _record(path: str, frame_file: str) -> None:
-    if frame_file.startswith(RLX_DIR) and frame_file not in NOT_A_USE:
+def _record(path: str, frame_file: str, function: str = "") -> None:
+    if frame_file.startswith(RLX_DIR) and not _is_a_rule(frame_file, function):
         READS.setdefault(path, set()).add(os.path.relpath(frame_file, REPO))
 
 
@@ -48,7 +58,8 @@ def record_reads(obj, prefix: str = "") -> None:
     def __getattribute__(self, name):
         value = object.__getattribute__(self, name)
         if name in fields and not dataclasses.is_dataclass(value):
-            _record(prefix + name, sys._getframe(1).f_code.co_filename)
+            code = sys._getframe(1).f_code
+            _record(prefix + name, code.co_filename, code.co_name)
         return value
 
     base = type(obj)

@@ -44,7 +44,8 @@ def test_cfg_job_prints_the_composed_tree_of_a_verl_command_line(capsys):
     assert code == 0
     tree = yaml.safe_load(out)
     assert set(tree) == {"data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function",
-                         "algorithm", "trainer", "ray_init", "global_profiler", "reward", "sandbox_fusion"}
+                         "algorithm", "trainer", "ray_init", "global_profiler", "reward", "sandbox_fusion", "rollout",
+                         "async_training"}
     assert tree["actor_rollout_ref"]["model"]["enable_activation_offload"] is True
     assert tree["actor_rollout_ref"]["rollout"]["n"] == 5
     assert tree["trainer"]["logger"] == ["console", "wandb"]

@@ -3,9 +3,9 @@ import pytest
 
 from rlx.config.export import missing_docs, render
 from rlx.config.loader import CONFIG_DIR
-from rlx.config.schema import NOT_SUPPORTED
+from rlx.config.verl_compat import NOT_SUPPORTED
 
-from conftest import load_config  # the quickstart job's config
+from conftest import load_config, refusal  # the quickstart job's config
 
 
 def err(*overrides) -> str:
@@ -103,8 +103,8 @@ def test_offload_accepted_with_fsdp(strategy):
 
 
 def test_offload_needs_three_layers():
-    msg = err("actor_rollout_ref.model.enable_activation_offload=True",
-              "actor_rollout_ref.model.override_config.num_hidden_layers=2")
+    msg = refusal(["actor_rollout_ref.model.enable_activation_offload=True",
+                   "actor_rollout_ref.model.override_config.num_hidden_layers=2"])
     assert "actor_rollout_ref.model.enable_activation_offload=True needs a model with at least 3" in msg
 
 
@@ -152,7 +152,7 @@ def test_fused_head_and_tiling_knobs_checked():
               "critic.model.enable_gradient_checkpointing=False")
     assert "actor_rollout_ref.model.tile_layer_tokens=-8 must be >= 0" in msg
     assert "critic.model.tile_layer_tokens=4096 recomputes each decoder layer" in msg
-    assert "set critic.model.enable_gradient_checkpointing=True" in msg
+    assert "Fix: critic.model.enable_gradient_checkpointing=True" in msg
     cfg = load_config(["actor_rollout_ref.model.tile_layer_tokens=8192", "critic.model.tile_layer_tokens=8192",
                        "actor_rollout_ref.model.activation_offload.reserve_pool=False"])
     assert cfg.actor_rollout_ref.model.tile_layer_tokens == cfg.critic.model.tile_layer_tokens == 8192
@@ -207,5 +207,57 @@ def test_explicit_vllm_without_vllm_names_the_install(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    msg = err("actor_rollout_ref.rollout.name=vllm")
+    msg = refusal(["actor_rollout_ref.rollout.name=vllm"])
     assert "vLLM is not installed" in msg and "scripts/setup.sh" in msg and "rollout.name=hf" in msg
+
+
+def test_validation_does_no_io(monkeypatch):
+    """validate reads no file, probes no package and asks for no GPU: the model's files, the packages and the GPUs
+    are the preflight's (rlx.trainer.probes), which says the same errors before any worker starts."""
+    import builtins
+    import importlib.util
+    import os
+    import subprocess
+
+    from rlx.config.validate import config_errors
+    import rlx.algos.advantages, rlx.algos.core_algos, rlx.algos.policy_losses  # noqa: F401,E401 - the choices' registries
+
+    cfg = load_config(["trainer.device=cuda", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.name=vllm",
+                       "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=[q_proj]",
+                       "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                       "actor_rollout_ref.model.use_remove_padding=True",
+                       "actor_rollout_ref.model.enable_activation_offload=True",
+                       "actor_rollout_ref.model.use_liger=True", "trainer.logger=[console,swanlab]",
+                       "actor_rollout_ref.rollout.multi_turn.tool_config_path=/nonexistent/tools.yaml"],
+                      validate=False)
+
+    def io(*a, **k):
+        raise AssertionError(f"validation did IO: {a}")
+
+    for module, name in ((builtins, "open"), (os.path, "exists"), (os.path, "isfile"), (importlib.util, "find_spec"),
+                         (subprocess, "run"), (subprocess, "check_output")):
+        monkeypatch.setattr(module, name, io)
+    config_errors(cfg)  # no AssertionError from the stand-ins
+
+
+def test_closed_choices_are_declared_on_their_fields():
+    """Each closed choice sits on its field (rlx.config.rules.choice) and the one walker checks it: the quickstart's
+    values are among their choices, and a bad value anywhere in the tree is named with its key and the choices."""
+    from rlx.config.rules import choice_errors, declared_choices
+
+    cfg = load_config()
+    declared = {key: (value, choices) for key, value, choices, _ in declared_choices(cfg)}
+    for key in ("algorithm.adv_estimator", "algorithm.kl_penalty", "actor_rollout_ref.actor.loss_agg_mode",
+                "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.rollout.load_format",
+                "actor_rollout_ref.rollout.multi_turn.format", "critic.optim.warmup_style", "data.truncation",
+                "trainer.logger", "trainer.device", "reward_model.reward_manager"):
+        assert key in declared, key
+    errors: list[str] = []
+    choice_errors(cfg, errors)
+    assert errors == []
+    cfg.critic.optim.warmup_style, cfg.trainer.logger = "linear", ["console", "nope"]
+    choice_errors(cfg, errors)
+    assert errors == ["critic.optim.warmup_style='linear' is not valid; choose one of ['constant', 'cosine']. Fix: "
+                      "critic.optim.warmup_style=<one of them>.",
+                      "trainer.logger='nope' is not valid; choose one of ['console', 'file', 'tensorboard', 'wandb', "
+                      "'swanlab']. Fix: trainer.logger=<one of them>."]

@@ -20,7 +20,8 @@ import pytest
 
 from rlx.config.loader import SCHEMA_KEYS, SECTION_KEYS
 from rlx.config.reward import ALIASES
-from rlx.config.schema import DEPRECATED, FOLLOWS, NO_OP_BY_DESIGN, NOT_SUPPORTED, RLXConfig
+from rlx.config.schema import RLXConfig
+from rlx.config.verl_compat import DEPRECATED, FOLLOWS, NO_OP_BY_DESIGN, NOT_SUPPORTED
 
 from conftest import REPO, load_config  # load_config: the quickstart job's config
 
@@ -64,7 +65,7 @@ def test_every_leaf_key_is_read_or_refused(reads):
     assert unaccounted == [], (
         f"{len(unaccounted)} key(s) are accepted but nothing reads them (a silent no-op): {unaccounted}. Implement "
         f"each (and let tests/key_recording.py's job reach the code that reads it), or refuse non-default values "
-        f"(rlx/config/schema.py: NOT_SUPPORTED), or -- only if the key cannot change what is computed -- list it in "
+        f"(rlx/config/verl_compat.py: NOT_SUPPORTED), or -- only if the key cannot change what is computed -- list it in "
         f"NO_OP_BY_DESIGN with the reason.")
 
 

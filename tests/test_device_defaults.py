@@ -200,3 +200,35 @@ def test_cluster_doc_submit_example_is_complete(monkeypatch):
     cfg = load_config(overrides)
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.device) == (2, 8, "cuda")
     assert os.path.isabs(cfg.trainer.default_local_dir)
+
+
+def test_auto_falling_back_to_more_cpu_workers_than_cores_is_a_note(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    def notes_for(overrides, gpus, cores):
+        notes = []
+        resolve_device(to_typed(compose(overrides, config_name="quickstart")), gpu_count=lambda: gpus, notes=notes,
+                       cpu_count=lambda: cores)
+        return notes
+
+    eight = ["trainer.n_gpus_per_node=8"]
+    (note,) = notes_for(eight, gpus=0, cores=2)
+    assert note.startswith("rlx: note: trainer.device=auto found no GPU here, so each role runs 8 CPU worker "
+                           "processes (trainer.nnodes=1 x trainer.n_gpus_per_node=8) on this machine's 2 CPU core(s)")
+    assert notes_for(eight, gpus=0, cores=16) == []  # enough cores: nothing to say
+    assert notes_for(eight, gpus=8, cores=2) == []  # cuda
+    assert notes_for(eight + ["trainer.device=cpu"], gpus=0, cores=2) == []  # asked for: not a surprise
+
+
+def test_check_says_the_device_and_the_gpus_wanted_against_present(monkeypatch):
+    from rlx.trainer import check
+
+    monkeypatch.setattr("rlx.config.device.visible_gpu_count", lambda: 0)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = load_config(["trainer.device=cpu", "trainer.n_gpus_per_node=4",
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=4"])
+    assert check.devices(cfg).startswith("cpu: 4 CPU worker process(es) per role on this machine (")
+    assert check.devices(cfg).endswith("GPUs visible here: 0")
+    cfg.trainer.device = "cuda"
+    assert check.devices(cfg).startswith("cuda: 4 GPU(s) wanted (trainer.nnodes x trainer.n_gpus_per_node), 0 visible "
+                                         "here")

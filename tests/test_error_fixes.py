@@ -152,3 +152,32 @@ def test_custom_dataset_and_reward_file_errors_say_the_fix(tmp_path):
         with pytest.raises(ValueError) as err:
             call()
         assert "Fix:" in str(err.value), f"{name}: {err.value}"
+
+
+ONE_ROUND_BAD = [  # each breaks one rule of the quickstart job
+    "actor_rollout_ref.actor.ppo_mini_batch_size=5", "actor_rollout_ref.rollout.n=0", "trainer.n_gpus_per_node=3",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "trainer.logger=[nope]", "algorithm.kl_penalty=nope",
+    "actor_rollout_ref.actor.clip_ratio_c=0.5", "actor_rollout_ref.model.lora_rank=-1", "data.max_response_length=0",
+    "trainer.total_training_steps=0", "actor_rollout_ref.rollout.max_model_len=8",
+    "data.gen_batch_size=0", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=0", "global_profiler.steps=[0]",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.log_val_generations=-1",
+    "actor_rollout_ref.model.tile_mlp_tokens=-1", "data.custom_cls.name=Foo",
+]
+
+
+def test_every_problem_of_a_command_line_in_one_round_each_with_its_fix(capsys, tmp_path):
+    """--check reports unknown keys, the cross-key rules and the preflight's problems together, each with its fix."""
+    from rlx.trainer.cli import main
+
+    code = main(["--config-name", "quickstart", *ONE_ROUND_BAD, "trainer.nope=1", "actor_rollout_ref.rollout.nn=2",
+                 f"data.train_files={tmp_path}/absent.parquet", "--check"])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = [line[4:] for line in err.splitlines() if line.startswith("  - ")]
+    assert len(lines) >= 18, err
+    for key in ("trainer.nope", "actor_rollout_ref.rollout.nn", "ppo_mini_batch_size=5", "rollout.n=0",
+                "clip_ratio_c=0.5", "tensor_model_parallel_size=2", "global_profiler.steps", "absent.parquet"):
+        assert any(key in line for line in lines), (key, err)
+    for line in lines:
+        assert "Fix: " in line, line
+    assert "rlx: check failed (nothing started); device cpu:" in err

@@ -10,7 +10,7 @@ import yaml
 
 from rlx.config import load_config as load_base_config
 from rlx.config.loader import SCHEMA_KEYS, SECTION_KEYS, compose, to_typed
-from rlx.config.schema import VERL_DEFAULT_EXCEPTIONS
+from rlx.config.verl_compat import VERL_DEFAULT_EXCEPTIONS
 from rlx.plan import make_plan
 from rlx.trainer import cli
 from rlx.trainer import launch, main_ppo

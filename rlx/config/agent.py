@@ -1,10 +1,17 @@
 """Configuration of the agent-loop rollout (`rollout.mode=async`, `rollout.agent.*`) and of multi-turn tool calling
 (`rollout.multi_turn.*`), verl's keys with verl's defaults; see docs/agent.md. Plain dataclasses, here so that the
-typed config depends on nothing above it."""
+typed config depends on nothing above it, and their rules."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
+
+from rlx.config.rules import check_positive, choice
+
+AGENT_LOOPS = ("single_turn_agent", "tool_agent")  # the built-in ones (rlx.workers.rollout.agent)
+TOOL_FORMATS = ("hermes",)
+TRUNCATE_SIDES = ("left", "middle", "right")
+SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
 
 @dataclass
@@ -50,15 +57,15 @@ class MultiTurnConfig:
     """Tool calls run per assistant turn (the first ones the model made; they run concurrently)."""
     max_tool_response_length: int = 256
     """A tool's text beyond this many characters is cut (tool_response_truncate_side) before it is tokenized."""
-    tool_response_truncate_side: str = "middle"
+    tool_response_truncate_side: str = choice("middle", TRUNCATE_SIDES)
     """Where a long tool response is cut: left (keep the end) | right (keep the start) | middle (keep both ends)."""
     use_inference_chat_template: bool = False
     """False: the trajectory holds the token ids the model generated, turn by turn (verl's default; True, re-rendering
     earlier turns with the inference template, is not supported)."""
-    tokenization_sanity_check_mode: str = "strict"
+    tokenization_sanity_check_mode: str = choice("strict", SANITY_CHECK_MODES)
     """Compare each finished tool trajectory with the chat template applied to its whole conversation: strict (warn
     on any difference) | ignore_strippable (ignore whitespace-only differences) | disable."""
-    format: str = "hermes"
+    format: str = choice("hermes", TOOL_FORMATS)
     """Tool-call format parsed from the model's text: hermes (`<tool_call>{"name": ..., "arguments": {...}}
     </tool_call>`, Qwen's)."""
     num_repeat_rollouts: Optional[int] = None
@@ -71,3 +78,31 @@ class MultiTurnConfig:
 def uses_agent_loop(rollout) -> bool:
     """Whether the rollout (`actor_rollout_ref.rollout`) runs the agent loop: mode=async, or multi_turn.enable."""
     return rollout.mode == "async" or bool(rollout.multi_turn.enable)
+
+
+def check_agent(cfg, errors):
+    """rollout.mode, rollout.agent.* and rollout.multi_turn.* (docs/agent.md)."""
+    r, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout"
+    if r.name == "sglang":
+        errors.append(f"{key}.name=sglang: rlx serves vLLM (and HF generate), not SGLang; verl's multi-turn configs "
+                      f"run on vLLM here with the same keys. Fix: {key}.name=vllm.")
+    agent, mt = r.agent, r.multi_turn
+    if not agent.agent_loop_config_path and agent.default_agent_loop not in AGENT_LOOPS:
+        errors.append(f"{key}.agent.default_agent_loop={agent.default_agent_loop!r} is not a built-in agent loop "
+                      f"{list(AGENT_LOOPS)}. Fix: register it with {key}.agent.agent_loop_config_path, or pick one "
+                      f"of those.")
+    # the agent loop's and tools' files exist: rlx.trainer.probes
+    check_positive(errors, f"{key}.multi_turn.max_parallel_calls", mt.max_parallel_calls)
+    check_positive(errors, f"{key}.multi_turn.max_tool_response_length", mt.max_tool_response_length)
+    if not (isinstance(mt.tool_timeout_s, (int, float)) and mt.tool_timeout_s > 0):
+        errors.append(f"{key}.multi_turn.tool_timeout_s={mt.tool_timeout_s!r} must be a positive number of seconds. "
+                      f"Fix: {key}.multi_turn.tool_timeout_s=30.")
+    for k in ("max_assistant_turns", "max_user_turns"):
+        v = getattr(mt, k)
+        if v is not None and (not isinstance(v, int) or v < 1):
+            errors.append(f"{key}.multi_turn.{k}={v!r} must be a positive integer or null (no limit). Fix: "
+                          f"{key}.multi_turn.{k}=null.")
+    tools_wanted = mt.enable or agent.default_agent_loop == "tool_agent"
+    if uses_agent_loop(r) and tools_wanted and not cfg.data.return_raw_chat:
+        errors.append(f"the tool_agent loop renders each row's chat itself and needs data.return_raw_chat=True "
+                      f"(got False). Fix: data.return_raw_chat=True.")

@@ -50,7 +50,7 @@ class AsyncTrainingConfig:
     """Training steps between two weight syncs to the rollout (a policy version spans this many updates)."""
     require_batches: int = 1
     """verl's fully_async key (mini-batches per local update); rlx trains on data.train_batch_size prompts per step,
-    so only 1 is accepted (rlx.config.schema.NOT_SUPPORTED)."""
+    so only 1 is accepted (rlx.config.verl_compat.NOT_SUPPORTED)."""
     partial_rollout: bool = False
     """At a weight sync, generation in flight pauses and goes on with the new weights instead of finishing first;
     each token is tagged with the policy version that produced it (async/partial_samples). Generation runs in

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlx.config.schema import DEPRECATED
+from rlx.config.verl_compat import DEPRECATED
 
 ACTOR_SP = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
 CRITIC_SP = "critic.ulysses_sequence_parallel_size"

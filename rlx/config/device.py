@@ -11,8 +11,10 @@ import importlib.util
 import os
 import shutil
 import subprocess
+from typing import TYPE_CHECKING
 
-from rlx.config.schema import RLXConfig
+if TYPE_CHECKING:  # annotations only: the schema's section modules import this one
+    from rlx.config.schema import RLXConfig
 
 MIXED_PRECISION_DEFAULTS = {
     "cuda": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
@@ -91,11 +93,28 @@ def fsdp_configs(cfg: RLXConfig) -> dict:
             "critic.model.fsdp_config": cfg.critic.model.fsdp_config}
 
 
-def resolve_device(cfg: RLXConfig, gpu_count=visible_gpu_count) -> RLXConfig:
-    """Replace `trainer.device=auto` and unset mixed-precision keys by the device's defaults (in place)."""
+def cpu_fallback_note(cfg: RLXConfig, cores: int | None) -> str | None:
+    """The note for `trainer.device=auto` finding no GPU when the job asks for more workers than this machine has
+    CPU cores (verl's `n_gpus_per_node=8` becoming 8 CPU processes per role on a laptop); None otherwise."""
+    t = cfg.trainer
+    ranks = t.nnodes * t.n_gpus_per_node
+    if joins_cluster(cfg) or cores is None or ranks <= cores:
+        return None
+    return (f"rlx: note: trainer.device=auto found no GPU here, so each role runs {ranks} CPU worker processes "
+            f"(trainer.nnodes={t.nnodes} x trainer.n_gpus_per_node={t.n_gpus_per_node}) on this machine's {cores} "
+            f"CPU core(s). Set trainer.device=cuda to require GPUs, or fewer workers with trainer.n_gpus_per_node.")
+
+
+def resolve_device(cfg: RLXConfig, gpu_count=visible_gpu_count, notes: list[str] | None = None,
+                   cpu_count=os.cpu_count) -> RLXConfig:
+    """Replace `trainer.device=auto` and unset mixed-precision keys by the device's defaults (in place). `notes`
+    gets a line when auto falls back to more CPU workers than there are cores (`cpu_fallback_note`)."""
     t = cfg.trainer
     if t.device == "auto":
         t.device = "cuda" if gpu_count() > 0 else "cpu"
+        note = cpu_fallback_note(cfg, cpu_count()) if t.device == "cpu" else None
+        if note and notes is not None:
+            notes.append(note)
     defaults = MIXED_PRECISION_DEFAULTS.get(t.device)
     if defaults is not None:  # an invalid device is reported by validate_config
         for fsdp_cfg in fsdp_configs(cfg).values():

@@ -11,6 +11,8 @@ import string
 from dataclasses import dataclass
 from typing import Optional
 
+
+
 TEMPLATE_FIELDS = ("question", "response", "ground_truth", "min_score", "max_score")
 REQUIRED_FIELDS = ("question", "response")
 
@@ -82,3 +84,64 @@ class RewardJudgeConfig:
 def template_fields(template: str) -> list[str]:
     """The field names a template uses (ValueError for a template str.format cannot read)."""
     return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+
+
+def check_judge(cfg, errors):
+    """reward_model.judge.*: a generative reward model needs the reward model on, a template with the fields it
+    fills, a score range, and an engine that can serve it."""
+    from rlx.config.judge import REQUIRED_FIELDS, TEMPLATE_FIELDS, template_fields
+
+    rm, j = cfg.reward_model, cfg.reward_model.judge
+    if not j.enable:
+        return
+    if not rm.enable:
+        errors.append("reward_model.judge.enable=True needs reward_model.enable=True (the judge is the reward "
+                      "model). Fix: add reward_model.enable=True, or drop reward_model.judge.enable.")
+    if j.prompt_template is not None:
+        try:
+            fields = template_fields(j.prompt_template)
+        except ValueError as e:
+            fields = None
+            errors.append(f"reward_model.judge.prompt_template cannot be read as a str.format template ({e}). Fix: "
+                          f"write a literal brace twice ({{{{ or }}}}).")
+        if fields is not None:
+            unknown = sorted({f for f in fields if f not in TEMPLATE_FIELDS})
+            missing = [f for f in REQUIRED_FIELDS if f not in fields]
+            if unknown:
+                errors.append(f"reward_model.judge.prompt_template names {unknown}, which rlx does not fill. Fix: use "
+                              f"only {list(TEMPLATE_FIELDS)} (a literal brace is written twice).")
+            if missing:
+                errors.append(f"reward_model.judge.prompt_template has no {missing} field(s): the judge would not see "
+                              f"{' and '.join(missing)}. Fix: add " + " and ".join("{" + f + "}" for f in missing)
+                              + ".")
+    if rm.model.override_config:
+        errors.append(f"reward_model.model.override_config={dict(rm.model.override_config)!r} is applied to a "
+                      f"classifier only; the judge is loaded as its checkpoint stands. Fix: drop it (or bake the "
+                      f"change into the judge's config.json).")
+    if not j.min_score < j.max_score:
+        errors.append(f"reward_model.judge.min_score={j.min_score} must be below reward_model.judge.max_score="
+                      f"{j.max_score}. Fix: give the score range the template asks for.")
+    if j.do_sample and j.temperature <= 0:
+        errors.append(f"reward_model.judge.temperature={j.temperature} must be positive with "
+                      f"reward_model.judge.do_sample=True. Fix: a positive temperature, or do_sample=False (greedy).")
+    if not 0 < j.top_p <= 1:
+        errors.append(f"reward_model.judge.top_p={j.top_p} must be in (0, 1]. Fix: reward_model.judge.top_p=1.0.")
+    r = rm.rollout
+    for key in ("prompt_length", "response_length"):
+        if getattr(r, key) is not None and getattr(r, key) <= 0:
+            errors.append(f"reward_model.rollout.{key}={getattr(r, key)} must be positive (or null: 2048).")
+    # the judge's engine without vLLM installed: rlx.trainer.probes
+    if r.load_format is not None and str(r.load_format).startswith("dummy"):
+        errors.append(f"reward_model.rollout.load_format={r.load_format!r} gives the judge random weights (nothing "
+                      f"is synced into it). Fix: reward_model.rollout.load_format=auto (or leave it out).")
+    tp, gpus = r.tensor_model_parallel_size or 1, cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    if tp < 1 or gpus % tp:
+        errors.append(f"reward_model.rollout.tensor_model_parallel_size={tp} must divide the reward model's GPUs "
+                      f"(trainer.n_gpus_per_node * trainer.nnodes = {gpus}). Fix: a divisor of {gpus}.")
+    elif tp > 1 and cfg.trainer.device == "cpu":
+        errors.append(f"reward_model.rollout.tensor_model_parallel_size={tp} needs GPUs; on CPU every rank runs its "
+                      f"own judge. Fix: reward_model.rollout.tensor_model_parallel_size=1.")
+    need = (r.prompt_length or 2048) + (r.response_length or 2048)
+    if r.max_model_len is not None and r.max_model_len < need:
+        errors.append(f"reward_model.rollout.max_model_len={r.max_model_len} is smaller than the judge's "
+                      f"reward_model.rollout.prompt_length + response_length = {need}. Fix: raise it, or shorten them.")

@@ -63,6 +63,16 @@ class OverrideParseError(ValueError):
     """A command-line argument that is not a `key=value` override (one line, names the argument)."""
 
 
+class UnknownKeysError(ValueError):
+    """Overrides naming keys the schema does not have: one message per key (`problems`), and the overrides without
+    them (`known`), with which the rest of the command line can still be checked."""
+
+    def __init__(self, problems: list[str], known: list[str]):
+        self.problems, self.known = problems, known
+        super().__init__(problems[0] if len(problems) == 1 else
+                         "Unknown config keys:\n  - " + "\n  - ".join(problems))
+
+
 def suggest_key(key: str) -> str | None:
     """The closest valid key: first among siblings by leaf name, then over all keys."""
     parent, _, leaf = key.rpartition(".")
@@ -99,7 +109,7 @@ def unknown_key_error(key: str, shown: str | None = None) -> ValueError:
     shown = shown or key
     why = _not_in_verl(key)
     if why:
-        return ValueError(f"Unknown config key '{shown}': rlx has no key '{key}': {why}.")
+        return ValueError(f"Unknown config key '{shown}': rlx has no key '{key}': {why}. Fix: remove it.")
     section = _missing_section(key)
     if section is None:
         hint = suggest_key(key)
@@ -110,10 +120,11 @@ def unknown_key_error(key: str, shown: str | None = None) -> ValueError:
         match = difflib.get_close_matches(key, sorted(SCHEMA_KEYS - SECTION_KEYS), n=1, cutoff=0.85)
         hint = match[0] if match else None
     if hint:
-        msg += f" Did you mean '{hint}'? Fix: {hint}=<value>"
+        msg += f" Did you mean '{hint}'?"
     if shown.startswith("+"):
-        msg += (" (a '+' prefix asks Hydra to add a new key; rlx refuses that so that a misspelled key cannot be"
-                " silently ignored)")
+        msg += (" (A '+' prefix asks Hydra to add a new key; rlx refuses that so that a misspelled key cannot be"
+                " silently ignored.)")
+    msg += f" Fix: {hint}=<value>." if hint else " Fix: remove it (--cfg job prints every key rlx has)."
     return ValueError(msg)
 
 
@@ -126,14 +137,18 @@ def check_override_keys(overrides: list[str]) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    out = []
+    out, unknown, known = [], [], []
     for raw in overrides:
         key = parse_override(parser, raw).key_or_group
         if not (key.startswith("hydra.") or key == "hydra") and not _is_known(key):
-            raise unknown_key_error(key, shown=raw.split("=", 1)[0])
+            unknown.append(str(unknown_key_error(key, shown=raw.split("=", 1)[0])))
+            continue
+        known.append(raw)
         if key not in SCHEMA_KEYS and _is_known(key) and not raw.startswith("~"):
             raw = "++" + raw.lstrip("+")
         out.append(raw)
+    if unknown:
+        raise UnknownKeysError(unknown, known)
     return out
 
 
@@ -260,7 +275,7 @@ def load_config(overrides: list[str] | None = None, config_dir: str | Path | Non
     from rlx.config.validate import validate_config
 
     # trainer.device=auto -> cuda|cpu
-    cfg = resolve_device(to_typed(compose(overrides, config_dir, config_name), notes))
+    cfg = resolve_device(to_typed(compose(overrides, config_dir, config_name), notes), notes=notes)
     merge_reward_section(cfg, RLXConfig())  # verl 0.9.1's reward.* keys act as the legacy keys they spell
     if validate:
         validate_config(cfg)

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from rlx.config.roles import plan_roles
+
+
 TORCH_CONTENTS = ("cuda", "cpu", "memory", "shapes", "stack")
 """What tool_config.torch.contents may list."""
 
@@ -206,7 +209,7 @@ ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
 _ROLLOUT = "actor_rollout_ref.rollout"
 _NPU = ("contents", "level", "analysis", "discrete")
 
-# verl keys accepted with their default only (merged into rlx.config.schema.NOT_SUPPORTED)
+# verl keys accepted with their default only (merged into rlx.config.verl_compat.NOT_SUPPORTED)
 NOT_SUPPORTED = {
     **{f"{r}.profiler.tool_config.torch.schedule.{k}": 0
        for r in ROLES for k in ("skip_first", "wait", "warmup", "active", "repeat")},
@@ -218,7 +221,7 @@ _NSYS = "inert unless the tool is nsys, which rlx refuses (as verl ignores it wi
 _NPU_WHY = "inert unless the tool is npu, which rlx refuses (as verl ignores it with another tool)"
 _DEPTH = ("torch.cuda.memory._record_memory_history has no stack-depth setting (verl passes it only to a torch that "
           "takes one): whole stacks are recorded")
-# verl keys accepted with any value that act on nothing rlx runs (merged into rlx.config.schema.NO_OP_BY_DESIGN)
+# verl keys accepted with any value that act on nothing rlx runs (merged into rlx.config.verl_compat.NO_OP_BY_DESIGN)
 NO_OP_BY_DESIGN = {
     **{f"{r}.profiler.tool_config.nsys.discrete": _NSYS for r in ROLES},
     **{f"global_profiler.global_tool_config.nsys.{k}": _NSYS
@@ -227,3 +230,65 @@ NO_OP_BY_DESIGN = {
     **{f"{r}.profiler.tool_config.torch_memory.stack_depth": _DEPTH for r in ROLES},
     "global_profiler.global_tool_config.torch_memory.stack_depth": _DEPTH,
 }
+
+
+PROFILER_TOOLS = (None, "torch", "torch_memory")
+REFUSED_PROFILER_TOOLS = {
+    "nsys": "NVIDIA Nsight Systems needs the workers started under nsys (verl's Ray runtime-env hook), which rlx does "
+            "not do; for GPU kernels and timelines use global_profiler.tool=torch (its traces hold the CUDA kernels)",
+    "npu": "Ascend NPUs are not a device rlx runs on",
+    "precision_debugger": "msprobe's precision debugger is Ascend tooling rlx does not integrate",
+}
+
+
+def profiler_roles(cfg) -> dict:
+    """{key of a role's profiler: its config} of the roles this job builds; the actor worker's ones first."""
+    arr = cfg.actor_rollout_ref
+    roles = {"actor_rollout_ref.actor.profiler": arr.actor.profiler,
+             "actor_rollout_ref.rollout.profiler": arr.rollout.profiler}
+    built = plan_roles(cfg)
+    if built.ref:
+        roles["actor_rollout_ref.ref.profiler"] = arr.ref.profiler
+    if built.critic:
+        roles["critic.profiler"] = cfg.critic.profiler
+    return roles
+
+
+def check_profiler(cfg, errors):
+    """global_profiler.* and the roles' profiler keys (rlx.workers.profiling)."""
+    g = cfg.global_profiler
+    tools = {"global_profiler.tool": g.tool,  # a role's own tool is named where it is not the global one it follows
+             **{f"{k}.tool": c.tool for k, c in profiler_roles(cfg).items() if c.tool != g.tool}}
+    for key, tool in tools.items():
+        if tool in REFUSED_PROFILER_TOOLS:
+            errors.append(f"{key}={tool} is not supported by rlx: {REFUSED_PROFILER_TOOLS[tool]}. Fix: "
+                          f"global_profiler.tool=torch (chrome traces) or torch_memory (CUDA memory snapshots).")
+        elif tool not in PROFILER_TOOLS:
+            errors.append(f"{key}={tool!r} is not valid; choose one of {list(PROFILER_TOOLS)}. Fix: {key}=torch, "
+                          f"or null.")
+        elif tool == "torch_memory" and cfg.trainer.device != "cuda":
+            errors.append(f"{key}=torch_memory records CUDA's allocator and needs trainer.device=cuda (this run: "
+                          f"{cfg.trainer.device}). Fix: global_profiler.tool=torch (its contents=[memory] records "
+                          f"CPU allocations too), or run on GPUs.")
+    steps = g.steps or []
+    if not isinstance(steps, list) or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in steps):
+        errors.append(f"global_profiler.steps={g.steps!r} must be a list of training steps (1, 2, ...) or null. "
+                      f"Fix: global_profiler.steps=[1,2], or null.")
+    traced = {}
+    for key, c in profiler_roles(cfg).items():
+        contents = c.tool_config.torch.contents
+        bad = [x for x in contents if x not in TORCH_CONTENTS]
+        if bad:
+            errors.append(f"{key}.tool_config.torch.contents has {bad}; choose among {list(TORCH_CONTENTS)}. Fix: "
+                          f"remove {bad}.")
+        if "cuda" in contents and cfg.trainer.device != "cuda":
+            errors.append(f"{key}.tool_config.torch.contents has cuda (GPU kernels) but trainer.device="
+                          f"{cfg.trainer.device}. Fix: leave cuda out (CPU operators are always recorded).")
+        if any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in c.ranks):
+            errors.append(f"{key}.ranks={c.ranks!r} must list ranks (0, 1, ...). Fix: {key}.ranks=[0].")
+        if c.tool == "torch" and c.enable and not key.startswith("critic."):
+            traced[key] = c.tool_config.torch.discrete
+    if len(set(traced.values())) > 1:  # one process, one torch profiler at a time
+        shown = ", ".join(f"{k}.tool_config.torch.discrete={v}" for k, v in traced.items())
+        errors.append(f"the actor, rollout and ref phases run in one process, whose profiler is either one trace "
+                      f"per step or one per phase: {shown} differ. Fix: give them the same value.")

@@ -7,10 +7,12 @@ here only (tests/test_plan.py checks both).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from rlx.config.device import vllm_available
-from rlx.config.schema import RLXConfig
+
+if TYPE_CHECKING:  # annotations only: the schema's section modules import this one
+    from rlx.config.schema import RLXConfig
 
 Engine = Literal["vllm", "hf"]
 VLLM: Engine = "vllm"

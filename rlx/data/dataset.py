@@ -60,6 +60,18 @@ def _shm_copy(path: str) -> str:
     return copy_to_shm(path, key="data.use_shm")
 
 
+def missing_data_files(cfg) -> list[str]:
+    """One problem per file of `data.train_files` / `data.val_files` (`cfg`: the data section) that is not there,
+    checked without reading any: what the preflight can still say when there is no tokenizer to read them with."""
+    problems = []
+    for key, files in (("data.train_files", cfg.train_files), ("data.val_files", cfg.val_files)):
+        for path in _as_list(files):
+            if not synthetic.is_synthetic(path) and not os.path.exists(os.path.expanduser(path)):
+                problems.append(f"{key}: data file {path!r} does not exist. Fix: set {key} to existing parquet "
+                                f"files (e.g. made by scripts/prepare_gsm8k.py) or a 'synthetic://digits' source.")
+    return problems
+
+
 def _read_parquet(path: str, required: Sequence[str]) -> list[dict]:
     import pyarrow.parquet as pq
 

@@ -158,7 +158,7 @@ def register_ulysses_attention() -> None:
 
 def check_heads(config, sp: int, key: str) -> None:
     """ValueError unless `sp` splits the model's attention heads (and its KV heads, or repeats them evenly)."""
-    from rlx.config.validate import sp_heads_problem
+    from rlx.config.model import sp_heads_problem
 
     problem = sp_heads_problem(key, sp, config.num_attention_heads, getattr(config, "num_key_value_heads", None),
                                f"model_type={getattr(config, 'model_type', '?')}")

@@ -4,15 +4,100 @@
 the checks a run makes before Ray starts (the GPUs of `trainer.device=cuda` are this machine's, unless
 `ray_init.address` / RAY_ADDRESS names the cluster the job will join). Exit 0 with the summary, or 2 with every
 error; Ray is never started.
+
+`check_before_ray` is also what a run does first: it collects the problems of every stage (unknown keys, the
+cross-key rules, the preflight) instead of stopping at the first stage that finds one, so that a long command is
+fixed in one round.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlx.config.schema import RLXConfig
     from rlx.plan import JobPlan
     from rlx.trainer.preflight import DriverInputs
+
+
+@dataclass
+class Checked:
+    """What the checks before Ray found: the typed config, what the preflight built (None when anything failed),
+    and every problem, by stage."""
+    cfg: RLXConfig
+    plan: JobPlan | None
+    """The job plan (None when the config's rules failed before one could be made)."""
+    inputs: DriverInputs | None
+    config_errors: list[str] = field(default_factory=list)
+    preflight_problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.config_errors and not self.preflight_problems
+
+    def report(self) -> str:
+        """Every problem, config errors first, as `rlx: ...` blocks of `  - ` lines."""
+        parts = []
+        if self.config_errors:
+            parts.append("rlx: config error\nInvalid rlx config:\n  - " + "\n  - ".join(self.config_errors))
+        if self.preflight_problems:
+            from rlx.trainer.preflight import PreflightError
+
+            parts.append(f"rlx: {PreflightError(self.preflight_problems)}")
+        return "\n".join(parts)
+
+
+def check_before_ray(overrides: list[str], config_dir: str | None, config_name: str,
+                     notes: list[str] | None = None) -> Checked:
+    """Compose, validate and run the preflight, keeping every problem: overrides naming unknown keys are reported
+    and the rest of the command line is checked without them; a config that breaks cross-key rules still goes
+    through the preflight. Raises (ValueError) only what stops composition itself: a malformed override, a value
+    of the wrong type, a config file that does not compose."""
+    from rlx.config import load_config
+    from rlx.config.loader import UnknownKeysError
+    from rlx.config.validate import config_errors
+    from rlx.plan import make_plan
+    from rlx.trainer.preflight import PreflightError, preflight
+
+    errors: list[str] = []
+    try:
+        cfg = load_config(overrides, config_dir, config_name, validate=False, notes=notes)
+    except UnknownKeysError as e:
+        errors += e.problems
+        try:
+            cfg = load_config(e.known, config_dir, config_name, validate=False, notes=notes)
+        except ValueError as rest:
+            raise ValueError("Invalid rlx config:\n  - " + "\n  - ".join(errors + [str(rest)])) from None
+    errors += config_errors(cfg)
+    problems: list[str] = []
+    plan = inputs = None
+    try:
+        plan = make_plan(cfg)  # what the job runs (engines, roles, pools), resolved once
+        inputs = preflight(cfg, plan)
+    except PreflightError as e:
+        problems = e.problems
+    except Exception as e:  # noqa: BLE001 - a check tripping over a config already found wrong
+        if not errors:
+            raise
+        problems = [f"the preflight stopped early ({type(e).__name__}: {e}), likely because of the config errors "
+                    f"above. Fix: those first, then run --check again."]
+    return Checked(cfg, plan, inputs if not (errors or problems) else None, errors, problems)
+
+
+def devices(cfg: RLXConfig) -> str:
+    """The device chosen and the GPUs the job wants against those present here (or on the cluster it joins)."""
+    from rlx.config.device import joins_cluster, visible_gpu_count
+
+    t = cfg.trainer
+    ranks = t.nnodes * t.n_gpus_per_node
+    where = "the Ray cluster it joins (ray_init.address / RAY_ADDRESS)" if joins_cluster(cfg) else "this machine"
+    here = visible_gpu_count()
+    if t.device == "cuda":
+        return f"cuda: {ranks} GPU(s) wanted (trainer.nnodes x trainer.n_gpus_per_node), {here} visible here; " \
+               f"the workers run on {where}"
+    return f"cpu: {ranks} CPU worker process(es) per role on {where} ({os.cpu_count()} core(s) here); " \
+           f"GPUs visible here: {here}"
 
 
 def _on(flag: bool) -> str:
@@ -73,6 +158,7 @@ def describe(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None) 
                f"{rm_pool.world_size} rank(s)")
     row("world", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {ws} rank(s) per role, device {t.device} ({dist})"
         + own)
+    row("devices", devices(cfg))
     roles = ["actor+rollout"]
     if use_ref:
         roles.append("ref (the actor's module with the LoRA adapters off)" if model.lora_rank else "ref")

@@ -246,9 +246,8 @@ class _Job:
         return f"rlx: {what} {where} {last_checkpoint_note(self.cfg) if self.cfg is not None else ''}".rstrip()
 
     def run(self) -> int:
-        from rlx.config import load_config
         from rlx.config.loader import OverrideParseError
-        from rlx.plan import make_plan
+        from rlx.trainer.check import check_before_ray
 
         args = self.args
         try:
@@ -259,8 +258,8 @@ class _Job:
                     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 return 0
             notes: list[str] = []
-            cfg = self.cfg = load_config(args.overrides, args.config_dir, args.config_name, notes=notes)
-            plan = make_plan(cfg)  # what the job runs (engines, roles, pools), resolved once
+            # every problem of every stage before Ray (unknown keys, the rules, the preflight), in one round
+            checked = check_before_ray(args.overrides, args.config_dir, args.config_name, notes)
         except OverrideParseError as e:
             print(f"rlx: {e}", file=sys.stderr)
             return 2
@@ -272,14 +271,17 @@ class _Job:
         from rlx.checkpoint_space import DiskFullError
         from rlx.trainer.launch import WorkerDied, last_checkpoint_note, run
         from rlx.trainer.ppo_trainer import TrainingStopped
-        from rlx.trainer.preflight import PreflightError, preflight
 
-        for note in notes + unused_section_notes(args.overrides, cfg, plan):  # said once, before Ray starts
-            print(note, file=sys.stderr, flush=True)
-        try:
-            inputs = preflight(cfg, plan)
-        except PreflightError as e:
-            print(f"rlx: {e}{_base_config_hint(args)}", file=sys.stderr)
+        cfg = self.cfg = checked.cfg
+        plan, inputs = checked.plan, checked.inputs
+        for note in notes + (unused_section_notes(args.overrides, cfg, plan) if plan is not None else []):
+            print(note, file=sys.stderr, flush=True)  # said once, before Ray starts
+        if not checked.ok:
+            print(checked.report() + _base_config_hint(args), file=sys.stderr)
+            if args.check:
+                from rlx.trainer.check import devices
+
+                print(f"rlx: check failed (nothing started); device {devices(cfg)}", file=sys.stderr)
             return 2
         if args.check:
             from rlx.trainer.check import describe

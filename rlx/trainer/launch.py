@@ -189,7 +189,7 @@ def run_lock(cfg: RLXConfig):
     """The lock of `trainer.default_local_dir` (`rlx.checkpoint_lock`) while the run writes there (checkpoints,
     file logs); `CheckpointDirLocked` when another run holds it."""
     from rlx.checkpoint_lock import acquire
-    from rlx.config.validate import local_dir_writers
+    from rlx.config.trainer import local_dir_writers
 
     if not local_dir_writers(cfg):
         yield None

@@ -4,6 +4,9 @@
 what is wrong, the fix) to one list and one `PreflightError` reports them all, so a job that cannot run stops in
 seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
 
+- the config's rules that read the machine (rlx.trainer.probes; validation does no IO): the model's layer and head
+  counts and LoRA's module names, the packages a choice needs (vLLM, liger-kernel, triton, the loggers'), the GPUs
+  of trainer.device=cuda, the agent loop's and tools' files;
 - models: `actor_rollout_ref.model.path` (and the critic's, `data.tokenizer`) is a built-in name or a local HF
   directory (or a model in the HF cache) with a config, a tokenizer and weights; `data.max_prompt_length +
   data.max_response_length` fits the model's context;
@@ -67,8 +70,10 @@ class DriverInputs:
 def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
     """Check everything the driver can see; raise one `PreflightError` listing every problem. `plan`: the job's
     (rlx.plan; made here from `cfg` when not given)."""
+    from rlx.trainer.probes import machine_problems
+
     plan = plan or make_plan(cfg)
-    problems: list[str] = []
+    problems: list[str] = machine_problems(cfg)  # the config's rules that read the model's files, packages, GPUs
     _warn_world_writable_code(cfg)
     model_dir = _check_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, problems)
     if plan.roles.critic and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
@@ -96,7 +101,11 @@ def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
         if train is not None:
             _check_batches(cfg, train, problems)
     else:
-        problems.append("data.train_files / data.val_files: not checked (no tokenizer to read them with; see above).")
+        from rlx.data.dataset import missing_data_files
+
+        missing = missing_data_files(cfg.data)
+        problems += missing or ["data.train_files / data.val_files: their rows are not checked (no tokenizer to read "
+                                "them with). Fix: the tokenizer's problem above, then check again."]
     score_fn = _check_reward(cfg, plan, [ds for ds in (train, val) if ds is not None], problems)
     _check_lora_adapter(cfg, problems)
     _check_vllm(plan, problems)
@@ -341,7 +350,7 @@ def _check_writable(cfg: RLXConfig, problems: list[str]) -> None:
     """`trainer.default_local_dir` must take files if anything goes there (checkpoints, file / tensorboard logs)."""
     import tempfile
 
-    from rlx.config.validate import local_dir_writers
+    from rlx.config.trainer import local_dir_writers
 
     t = cfg.trainer
     if not local_dir_writers(cfg):
