@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlx import checkpoint as ckpt
+from rlx.checkpoint import engine_state
 from rlx.trainer.cli import main
 
 
@@ -37,7 +38,7 @@ def _step_dir(root, extra) -> str:
 
 def test_new_format_loads_weights_only_and_restores_every_rng():
     random.seed(3), np.random.seed(4), torch.manual_seed(5)
-    state = ckpt._rng_state()
+    state = engine_state._rng_state()
     expected = random.random(), np.random.rand(), torch.rand(1).item()
     # plain torch.load with weights_only=True and no allow-list: the format is tensors, dicts and numbers only
     buf = io.BytesIO()
@@ -45,7 +46,7 @@ def test_new_format_loads_weights_only_and_restores_every_rng():
     buf.seek(0)
     loaded = torch.load(buf, weights_only=True)
     random.seed(0), np.random.seed(0), torch.manual_seed(0)
-    ckpt._set_rng_state(loaded["rng"])
+    engine_state._set_rng_state(loaded["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
 
@@ -59,7 +60,7 @@ def test_earlier_format_still_resumes(tmp_path):
     torch.save(old, path)
     loaded = ckpt.load_extra(str(path))
     random.seed(0), np.random.seed(0)
-    ckpt._set_rng_state(loaded["rng"])
+    engine_state._set_rng_state(loaded["rng"])
     assert (random.random(), np.random.rand()) == expected
 
 
@@ -73,7 +74,7 @@ def test_resave_converts_to_the_plain_format(tmp_path):
     assert ckpt.verify(step) == [], "the manifest must be rewritten with the new checksums"
     new = torch.load(os.path.join(step, "actor", "extra_rank0.pt"), weights_only=True)  # no allow-list needed
     assert new["lr_scheduler"] == {"last_epoch": 1}
-    ckpt._set_rng_state(new["rng"])
+    engine_state._set_rng_state(new["rng"])
     assert (random.random(), np.random.rand()) == expected
 
 
@@ -122,7 +123,7 @@ def real_step(tmp_path_factory):
         warnings.simplefilter("ignore")  # DCP's note that it saves in a single process
         dcp.save(get_model_state_dict(model), checkpoint_id=str(actor / "model"))
         dcp.save(get_optimizer_state_dict(model, opt), checkpoint_id=str(actor / "optim"))
-    torch.save({"rng": ckpt._rng_state(), "lr_scheduler": None}, actor / "extra_rank0.pt")
+    torch.save({"rng": engine_state._rng_state(), "lr_scheduler": None}, actor / "extra_rank0.pt")
     (actor / "meta.json").write_text(json.dumps({"role": "actor", "world_size": 1, "contents": ["model", "optimizer",
                                                  "extra"], "model": describe(model, None)}))
     ckpt.save_driver_state(str(step), {"global_step": 1})
@@ -226,7 +227,7 @@ def test_the_clean_step_passes_and_loads_whole(real_step, tmp_path):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     from rlx.checkpoint import check_resume_files
-    from rlx.checkpoint_safety import load_whole
+    from rlx.checkpoint.safety import load_whole
     from rlx.engine.fsdp import build_hf_model
     from rlx.models import resolve_model_path
 
@@ -291,7 +292,7 @@ def _two_ranks(rank: int, world: int, port: int, root: str, where: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    from rlx.checkpoint_safety import load_whole
+    from rlx.checkpoint.safety import load_whole
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)

@@ -263,8 +263,7 @@ class _Job:
         except ValueError as e:
             print(f"rlx: config error\n{e}{_base_config_hint(args)}", file=sys.stderr)
             return 2
-        from rlx.checkpoint import DamagedCheckpointError
-        from rlx.checkpoint_lock import CheckpointDirLocked
+        from rlx.checkpoint.errors import CheckpointDirLocked, DamagedCheckpointError
         from rlx.trainer.launch import run
         from rlx.trainer.ppo_trainer import TrainingStopped
         from rlx.trainer.preflight import PreflightError, preflight

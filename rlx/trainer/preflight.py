@@ -17,7 +17,7 @@ seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
   installed torch (`rlx.workers.rollout.vllm_compat`);
 - checkpoints: `trainer.default_local_dir` is writable when something will be written there, and the checkpoint
   to resume from exists, is complete, matches its checksums, and every file resume reads loads as resume loads it
-  without running code (`rlx.checkpoint.check_resume_files`: JSON, `torch.load(weights_only=True)`, DCP
+  without running code (`rlx.checkpoint.store.check_resume_files`: JSON, `torch.load(weights_only=True)`, DCP
   metadata of DCP's types only); its models are the ones this run builds (`meta.json`'s record against the model
   built on the meta device: class, layers, sizes, LoRA, parameter names and shapes).
 
@@ -321,11 +321,11 @@ def _check_writable(cfg: RLXConfig, problems: list[str]) -> None:
 def _check_resume(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> str | None:
     import dataclasses
 
-    from rlx import checkpoint as ckpt
+    from rlx.checkpoint.store import check_resume_files, find_resume_dir
 
     t = cfg.trainer
     try:
-        resume_dir = ckpt.find_resume_dir(dataclasses.replace(
+        resume_dir = find_resume_dir(dataclasses.replace(
             t, default_local_dir=os.path.abspath(t.default_local_dir),
             resume_from_path=os.path.abspath(t.resume_from_path) if t.resume_from_path else None))
     except ValueError as e:
@@ -333,8 +333,6 @@ def _check_resume(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> str | N
         return None
     if not resume_dir:
         return None
-    from rlx.checkpoint import check_resume_files
-
     unsafe = check_resume_files(resume_dir)  # every file read as resume will read it: no code runs
     problems.extend(unsafe)
     if unsafe:

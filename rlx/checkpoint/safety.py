@@ -1,5 +1,6 @@
-"""Loading a checkpoint never runs code from it: the DCP reader and planner resume uses, and the driver's check of
-every file of the step to resume from (`rlx.checkpoint.check_resume_files`, before Ray starts).
+"""Loading a checkpoint never runs code from it: the DCP reader and planner resume uses, the loader of the extra
+state files, and the checks of every file of the step to resume from (`rlx.checkpoint.store.check_resume_files`,
+before Ray starts).
 
 torch's own `FileSystemReader.read_metadata` unpickles `.metadata` with `pickle.load`, and `DefaultLoadPlanner`
 loads every byte item (the optimizer's `param_groups.*`) with `torch.load(weights_only=False)`: a pickle planted in
@@ -11,10 +12,13 @@ a `DefaultLoadPlanner` subclass), so that it holds on every torch rlx supports (
   is still found), `torch.Size`, torch dtypes / layouts / memory formats, `pathlib` paths (DCP records the
   checkpoint id) and a few containers. Any other global is refused by name: nothing is called.
 - byte items load with `torch.load(weights_only=True)` (`SafeLoadPlanner.load_bytes`).
+- `extra_rank*.pt` (lr scheduler, RNG states) loads with `torch.load(weights_only=True)` (`load_extra`).
 
-`rlx.checkpoint.check_resume_files(step)` reads every file resume reads the way resume reads it: `driver_state.json` and each
-role's `meta.json` (JSON), `extra_rank*.pt` (`torch.load(weights_only=True)`), the `.metadata` and every byte item of
-`model/` and `optim/` (as above); tensor items are left alone (DCP always loads them with `weights_only=True`).
+`store.check_resume_files(step)` reads every file resume reads the way resume reads it: `driver_state.json`, each
+role's `meta.json` (JSON), `extra_rank*.pt`, the `.metadata` and every byte item of `model/` and `optim/` (as
+above); tensor items are left alone (DCP always loads them with `weights_only=True`).
+
+Only whole checkpoints load (`load_whole`): a model's state must be the saved one key for key and shape for shape.
 """
 from __future__ import annotations
 
@@ -25,13 +29,15 @@ import io
 import os
 import pathlib
 import pickle
+import re
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
-from rlx.checkpoint_errors import DamagedCheckpointError, UnsafeCheckpointError
+from rlx.checkpoint.errors import DamagedCheckpointError, UnsafeCheckpointError
 
 METADATA = ".metadata"
 _DCP_PREFIX = "torch.distributed.checkpoint"
@@ -239,7 +245,7 @@ def check_dcp_dir(path: str) -> list[str]:
     return []
 
 
-def _check_meta_json(path: str) -> list[str]:
+def check_meta_json(path: str) -> list[str]:
     import json
 
     try:
@@ -252,3 +258,50 @@ def _check_meta_json(path: str) -> list[str]:
         return [f"{path} is not the record rlx writes (no list of contents); resume from an earlier global_step_N "
                 f"dir (trainer.resume_from_path)"]
     return []
+
+
+def _numpy_array_globals() -> list:
+    """What an ndarray inside a checkpoint of the earlier format needs to be rebuilt: numpy's array constructor
+    and dtypes. Data only: none of them can call anything else."""
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_extra(path: str) -> dict:
+    """An `extra_rank{r}.pt` file, loaded with `weights_only=True`: tensors, dicts, lists and numbers only, so
+    loading it never runs code. The earlier format (numpy's RNG state as an ndarray) loads too, numpy's array
+    type being allowed as data. Anything else is an `UnsafeCheckpointError` naming the file; a file that is not
+    a torch file at all is a `DamagedCheckpointError`."""
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        if "weights_only" not in str(e) and "Unsupported global" not in str(e):
+            raise DamagedCheckpointError(f"{path} is unreadable (UnpicklingError: {e}); resume from an earlier "
+                                         f"global_step_N dir (trainer.resume_from_path)") from None
+        found = re.search(r"(?:Unsupported global|GLOBAL):? ?(\S+)", str(e))
+        raise UnsafeCheckpointError(
+            f"{path} holds a pickled object ({found.group(1) if found else 'a global'}) that would run code when "
+            f"loaded; rlx loads checkpoint files with torch.load(weights_only=True) and refuses it. Nothing was "
+            f"loaded or trained. If you wrote this checkpoint yourself and trust it, re-save its extra state in "
+            f"the safe format: python -m rlx.checkpoint resave-extra {os.path.dirname(os.path.dirname(path))}"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - EOFError, RuntimeError: a truncated or damaged file
+        raise DamagedCheckpointError(f"{path} is unreadable ({type(e).__name__}: {e}); resume from an earlier "
+                                     f"global_step_N dir (trainer.resume_from_path)") from None
+
+
+def check_extra_files(step: str) -> list[str]:
+    """The problems of every `extra_rank*.pt` under a step dir (its actor/ and critic/), each file loaded as
+    resume loads it; [] when all load. The driver calls this before any worker starts."""
+    problems = []
+    for role in sorted(os.listdir(step)) if os.path.isdir(step) else []:
+        role_dir = os.path.join(step, role)
+        if not os.path.isdir(role_dir):
+            continue
+        for name in sorted(n for n in os.listdir(role_dir) if re.fullmatch(r"extra_rank\d+\.pt", n)):
+            try:
+                load_extra(os.path.join(role_dir, name))
+            except ValueError as e:
+                problems.append(str(e))
+    return problems
