@@ -177,9 +177,8 @@ def load_engine(engine, path: str, contents=CONTENTS) -> None:
         if "optimizer" in contents:
             osd = get_optimizer_state_dict(engine.module, engine.optimizer)  # initialises empty Adam state
             # FSDP1 can leave a rank whose flat shard holds none of a small module's parameters (e.g. the
-            # critic's score head): that rank has no state for them, which strict loading takes for a
-            # missing key. Everything the rank does hold must still be in the checkpoint, and every saved key
-            # must be loaded by some rank.
+            # critic's score head): that rank has no state for them and loads a part of the saved keys.
+            # Everything the rank does hold must be in the checkpoint, and every saved key is loaded by some rank.
             load_whole(osd, os.path.join(path, "optim"), fix, partial=True)
             set_optimizer_state_dict(engine.module, engine.optimizer, osd)
     if "extra" in contents:

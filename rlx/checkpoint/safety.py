@@ -34,7 +34,7 @@ import re
 import numpy as np
 import torch
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
 from rlx.checkpoint.errors import DamagedCheckpointError, UnsafeCheckpointError
@@ -127,16 +127,28 @@ class SafeFileSystemReader(FileSystemReader):
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """`DefaultLoadPlanner` whose byte items load with `torch.load(weights_only=True)`; it also records the keys it
-    was asked to load (`planned`), so that the caller can tell saved keys nothing consumed."""
+    """`DefaultLoadPlanner` whose byte items load with `torch.load(weights_only=True)`, and that finds every key it is
+    asked to load in the checkpoint or refuses, naming the file (`fix`: what the refusal tells the user to do). It
+    records the keys it plans to load (`planned`), so that the caller can tell saved keys nothing consumed.
 
-    def __init__(self, checkpoint_dir: str, **kwargs):
+    DCP's own planner, when a saved key is not being loaded, retries the key format of checkpoints older than torch
+    2.4 (which rlx never wrote): on an FSDP1 rank that holds no optimizer state for some parameters, that flattened
+    the rank's `param_groups` into one key the checkpoint lacks, and a partial load skipped it, so that the rank
+    trained on with its fresh learning rate. The plan here is DCP's default plan of the state's own keys."""
+
+    def __init__(self, checkpoint_dir: str, fix: str = "resume from a checkpoint of this model", **kwargs):
         super().__init__(**kwargs)
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir, self.fix = checkpoint_dir, fix
         self.planned: set[str] = set()
 
     def create_local_plan(self):
-        plan = super().create_local_plan()
+        saved = self.metadata.state_dict_metadata
+        missing = sorted(k for k in self.state_dict if k not in saved)
+        if missing:
+            raise ValueError(f"{os.path.join(self.checkpoint_dir, METADATA)}: {len(missing)} keys being loaded are not "
+                             f"in the checkpoint (e.g. {missing[:3]}): it was saved from another model or optimizer. "
+                             f"Fix: {self.fix}")
+        plan = create_default_local_load_plan(self.state_dict, self.metadata, True)
         self.planned = {item.dest_index.fqn for item in plan.items}
         return plan
 
@@ -178,7 +190,8 @@ def _check_fits(state: dict, metadata: Metadata, directory: str, fix: str) -> No
         parts = ([f"{len(extra)} saved keys the model does not have (e.g. {extra[:3]})"] if extra else []) + \
                 ([f"{len(missing)} model keys not in the checkpoint (e.g. {missing[:3]})"] if missing else []) + \
                 ([f"{len(shapes)} shapes differ (e.g. {shapes[:3]})"] if shapes else [])
-        raise ValueError(f"{directory} was saved from another model: {'; '.join(parts)}. Fix: {fix}")
+        raise ValueError(f"{os.path.join(directory, METADATA)} was saved from another model: {'; '.join(parts)}. "
+                         f"Fix: {fix}")
 
 
 def _check_consumed(planner: SafeLoadPlanner, metadata: Metadata, directory: str, fix: str) -> None:
@@ -192,21 +205,22 @@ def _check_consumed(planner: SafeLoadPlanner, metadata: Metadata, directory: str
         planned = set().union(*every)
     left = sorted(set(metadata.state_dict_metadata) - planned)
     if left:
-        raise ValueError(f"{directory}: {len(left)} saved keys fit nothing being loaded (e.g. {left[:3]}): it was "
-                         f"saved from another model or optimizer. Fix: {fix}")
+        raise ValueError(f"{os.path.join(directory, METADATA)}: {len(left)} saved keys fit nothing being loaded (e.g. "
+                         f"{left[:3]}): it was saved from another model or optimizer. Fix: {fix}")
 
 
 def load_whole(state: dict, directory: str, fix: str, partial: bool = False) -> None:
-    """`dcp.load(state)` from `directory` through the safe reader and planner, and only whole: a model's flat state
-    dict must equal the saved keys and shapes (checked before anything is read); with `partial` (an optimizer's,
-    where a rank may hold no state for some parameters) every saved key must be loaded by some rank. Collective.
-    `fix`: what the error tells the user to do."""
+    """`dcp.load(state)` from `directory` through the safe reader and planner, and only whole: every key of `state`
+    must be in the checkpoint (on every rank), and every saved key must be loaded. A model's flat state dict must
+    equal the saved keys and shapes (checked before anything is read); with `partial` (an optimizer's, where a rank
+    may hold no state for some parameters) a rank may load a part of the saved keys, and every one must be loaded
+    by some rank. Collective. `fix`: what the error tells the user to do."""
     import torch.distributed.checkpoint as dcp
 
     metadata = load_metadata(os.path.join(directory, METADATA))
     if not partial:
         _check_fits(state, metadata, directory, fix)
-    planner = SafeLoadPlanner(directory, allow_partial_load=partial)
+    planner = SafeLoadPlanner(directory, fix)
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(directory), planner=planner)
     except CheckpointException as e:  # a BaseException: each rank's failure comes back wrapped
