@@ -135,3 +135,26 @@ def test_each_long_entry_names_a_test():
         if function:
             assert function in _test_names(path), f"markers.LONG/E2E names {entry}, which does not exist. Fix: " \
                                                   f"correct it"
+
+
+def _crash_once(rank: int, strategy: str, root: str) -> None:
+    """Rank 1 dies of SIGSEGV the first time (a marker file remembers it); the rerun passes."""
+    import os
+    import signal
+
+    marker = os.path.join(os.path.dirname(root), "crashed")
+    if rank == 1 and strategy == "fsdp" and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_a_rank_killed_by_a_signal_reruns_once_and_its_stack_is_shown(tmp_path):
+    """The spawn helper's rerun after a native crash: the warning (shown for a passing test too) carries the crashed
+    rank's Python stacks, written by faulthandler, so that an intermittent crash says where it happened."""
+    import pytest
+
+    from conftest import spawn_per_strategy
+
+    with pytest.warns(UserWarning, match=r"(?s)rank 1 died of SIGSEGV; running the check once more.*"
+                                         r"Segmentation fault.*in _crash_once"):
+        spawn_per_strategy(_crash_once, str(tmp_path))
