@@ -86,12 +86,19 @@ def one_rank_group(device: str):
                 os.environ[k] = v
 
 
+def _crash_log(root: str, rank: int) -> str:
+    return os.path.join(root, f".faulthandler_rank{rank}.log")
+
+
 def _gloo_per_strategy(rank: int, world: int, port: int, root: str, check) -> None:
     import faulthandler
 
     import torch
 
-    faulthandler.enable()  # a rank that crashes in native code prints its Python stack
+    # a rank that crashes in native code writes the Python stack of each of its threads here; its stderr would be
+    # captured by pytest and shown only if the test fails, which a passing rerun hides
+    os.makedirs(root, exist_ok=True)
+    faulthandler.enable(file=open(_crash_log(root, rank), "w"), all_threads=True)
 
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -116,18 +123,33 @@ def spawn_per_strategy(check, root: str, world: int = 2) -> None:
                                     join=True)
     except torch.multiprocessing.ProcessExitedException as e:
         # A rank killed by a signal inside gloo's native code (seen once in ~50 full CPU runs on 2 cores, never
-        # reproduced alone): run the whole check once more, from scratch; a second crash, or any failed
-        # assertion, fails the test. faulthandler printed the crashed rank's stack above.
+        # reproduced alone, its cause not found): run the whole check once more, from scratch; a second crash, or
+        # any failed assertion, fails the test. The warning (shown by pytest for a passing test too) carries the
+        # crashed rank's stacks, so that the next crash says where it happened.
         if e.signal_name not in ("SIGSEGV", "SIGBUS", "SIGABRT"):
             raise
         import shutil
         import warnings
 
-        warnings.warn(f"rank {e.error_index} died of {e.signal_name}; running the check once more")
+        warnings.warn(f"rank {e.error_index} died of {e.signal_name}; running the check once more. Its stacks "
+                      f"(faulthandler):\n{_read_crash_log(root, e.error_index)}")
         for strategy in ("fsdp", "fsdp2"):
             shutil.rmtree(os.path.join(root, strategy), ignore_errors=True)
-        torch.multiprocessing.spawn(_gloo_per_strategy, args=(world, free_port(), root, check), nprocs=world,
-                                    join=True)
+        try:
+            torch.multiprocessing.spawn(_gloo_per_strategy, args=(world, free_port(), root, check), nprocs=world,
+                                        join=True)
+        except torch.multiprocessing.ProcessExitedException as again:
+            how = again.signal_name or f"exit code {again.exit_code}"
+            raise AssertionError(f"rank {again.error_index} died again ({how}); its stacks (faulthandler):\n"
+                                 f"{_read_crash_log(root, again.error_index)}") from again
+
+
+def _read_crash_log(root: str, rank: int) -> str:
+    try:
+        with open(_crash_log(root, rank)) as f:
+            return f.read().strip() or "(empty)"
+    except OSError as e:
+        return f"(unreadable: {e})"
 
 
 def pytest_addoption(parser):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlx import checkpoint as ckpt
+from rlx.checkpoint import engine_state
 from rlx.config.schema import TrainerConfig
 from conftest import spawn_per_strategy
 
@@ -123,13 +124,13 @@ def _check(rank: int, strategy: str, root: str):
     def boom(*args, **kwargs):
         raise RuntimeError("injected failure")
 
-    orig = ckpt._save_optimizer
-    ckpt._save_optimizer = boom
+    orig = engine_state._save_optimizer
+    engine_state._save_optimizer = boom
     try:
         with pytest.raises(RuntimeError, match="injected"):
             ckpt.save_engine(b, os.path.join(d2, "actor"))
     finally:
-        ckpt._save_optimizer = orig
+        engine_state._save_optimizer = orig
     barrier()
     assert os.path.isdir(os.path.join(d2, "actor", "model")) and not ckpt.is_complete(d2)
     if rank == 0:
@@ -230,6 +231,46 @@ def test_driver_state_round_trip(tmp_path):
     assert torch.equal(dl["gen"], state["dataloader"]["gen"]) and dl["gen"].dtype == torch.uint8
     assert (dl["perm"] == np.arange(4)).all() and dl["py"] == (3, (1, 2), None)
     assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+class _RecordingPart:
+    """A worker group as the manager sees it: writes a file where it saves, and notes what it loads."""
+
+    def __init__(self, name, events):
+        self.name, self.events = name, events
+
+    def save(self, path):
+        assert not os.path.exists(os.path.join(os.path.dirname(path), ckpt.COMPLETE)), "the parts come first"
+        os.makedirs(path)
+        with open(os.path.join(path, "weights"), "w") as f:
+            f.write(self.name)
+        self.events.append(("save", self.name, path))
+
+    def load(self, path):
+        self.events.append(("load", self.name, path))
+
+
+def test_manager_saves_whole_steps_rotates_and_resumes(tmp_path):
+    """One call per save: every part, the driver state, COMPLETE (verifying), the latest pointer, then rotation of
+    each part by its own keep count; one call per resume: each part loaded, the driver state returned."""
+    root = str(tmp_path / "ckpts")
+    cfg = TrainerConfig(default_local_dir=root, max_actor_ckpt_to_keep=1, max_critic_ckpt_to_keep=2)
+    manager, events = ckpt.CheckpointManager(cfg), []
+    parts = {"actor": _RecordingPart("actor", events), "critic": _RecordingPart("critic", events)}
+    for step in (1, 2, 3):
+        d = manager.save(step, parts, {"global_step": step, "gen": torch.tensor([step])})
+        assert d == ckpt.step_dir(root, step) and ckpt.verify(d) == []
+        assert open(os.path.join(root, ckpt.LATEST)).read() == str(step)
+    assert [e[:2] for e in events[:2]] == [("save", "actor"), ("save", "critic")]
+    assert ckpt.list_steps(root) == [3]  # steps 1, 2 lost their actor: no longer resumable
+    assert os.path.isdir(os.path.join(ckpt.step_dir(root, 2), "critic"))  # the critic keeps two
+    assert not os.path.exists(ckpt.step_dir(root, 1))
+
+    events.clear()
+    assert manager.resume(None, parts) is None and events == []
+    state = manager.resume(ckpt.step_dir(root, 3), parts)
+    assert state["global_step"] == 3 and torch.equal(state["gen"], torch.tensor([3]))
+    assert events == [("load", n, os.path.join(ckpt.step_dir(root, 3), n)) for n in ("actor", "critic")]
 
 
 # ---------------------------------------------------------------------------------------------- integrity

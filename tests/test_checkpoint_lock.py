@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rlx.checkpoint_lock import LOCK, CheckpointDirLocked, _proc_start, acquire
+from rlx.checkpoint.lock import LOCK, CheckpointDirLocked, _proc_start, acquire
 
 
 def _dead_pid() -> int:

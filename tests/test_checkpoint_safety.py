@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlx import checkpoint as ckpt
+from rlx.checkpoint import engine_state
 from rlx.trainer.cli import main
 
 
@@ -37,7 +38,7 @@ def _step_dir(root, extra) -> str:
 
 def test_new_format_loads_weights_only_and_restores_every_rng():
     random.seed(3), np.random.seed(4), torch.manual_seed(5)
-    state = ckpt._rng_state()
+    state = engine_state._rng_state()
     expected = random.random(), np.random.rand(), torch.rand(1).item()
     # plain torch.load with weights_only=True and no allow-list: the format is tensors, dicts and numbers only
     buf = io.BytesIO()
@@ -45,7 +46,7 @@ def test_new_format_loads_weights_only_and_restores_every_rng():
     buf.seek(0)
     loaded = torch.load(buf, weights_only=True)
     random.seed(0), np.random.seed(0), torch.manual_seed(0)
-    ckpt._set_rng_state(loaded["rng"])
+    engine_state._set_rng_state(loaded["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
 
@@ -59,7 +60,7 @@ def test_earlier_format_still_resumes(tmp_path):
     torch.save(old, path)
     loaded = ckpt.load_extra(str(path))
     random.seed(0), np.random.seed(0)
-    ckpt._set_rng_state(loaded["rng"])
+    engine_state._set_rng_state(loaded["rng"])
     assert (random.random(), np.random.rand()) == expected
 
 
@@ -73,7 +74,7 @@ def test_resave_converts_to_the_plain_format(tmp_path):
     assert ckpt.verify(step) == [], "the manifest must be rewritten with the new checksums"
     new = torch.load(os.path.join(step, "actor", "extra_rank0.pt"), weights_only=True)  # no allow-list needed
     assert new["lr_scheduler"] == {"last_epoch": 1}
-    ckpt._set_rng_state(new["rng"])
+    engine_state._set_rng_state(new["rng"])
     assert (random.random(), np.random.rand()) == expected
 
 
@@ -122,7 +123,7 @@ def real_step(tmp_path_factory):
         warnings.simplefilter("ignore")  # DCP's note that it saves in a single process
         dcp.save(get_model_state_dict(model), checkpoint_id=str(actor / "model"))
         dcp.save(get_optimizer_state_dict(model, opt), checkpoint_id=str(actor / "optim"))
-    torch.save({"rng": ckpt._rng_state(), "lr_scheduler": None}, actor / "extra_rank0.pt")
+    torch.save({"rng": engine_state._rng_state(), "lr_scheduler": None}, actor / "extra_rank0.pt")
     (actor / "meta.json").write_text(json.dumps({"role": "actor", "world_size": 1, "contents": ["model", "optimizer",
                                                  "extra"], "model": describe(model, None)}))
     ckpt.save_driver_state(str(step), {"global_step": 1})
@@ -226,7 +227,7 @@ def test_the_clean_step_passes_and_loads_whole(real_step, tmp_path):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     from rlx.checkpoint import check_resume_files
-    from rlx.checkpoint_safety import load_whole
+    from rlx.checkpoint.safety import load_whole
     from rlx.engine.fsdp import build_hf_model
     from rlx.models import resolve_model_path
 
@@ -291,7 +292,7 @@ def _two_ranks(rank: int, world: int, port: int, root: str, where: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    from rlx.checkpoint_safety import load_whole
+    from rlx.checkpoint.safety import load_whole
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -322,3 +323,80 @@ def test_every_rank_refuses_a_planted_optimizer(tmp_path, where):
     from conftest import free_port
 
     torch.multiprocessing.spawn(_two_ranks, args=(2, free_port(), str(tmp_path), where), nprocs=2, join=True)
+
+
+# ---------------------------------------------------------------------------------------------- whole: every key
+def test_an_optimizer_key_the_checkpoint_lacks_is_refused_naming_the_file(tmp_path):
+    """An optimizer being loaded that holds state the checkpoint lacks (a layer more) was filled in part and trained
+    on (partial loading skipped the keys it did not find): now refused, naming the checkpoint's file and the keys."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from rlx.checkpoint.safety import load_whole
+
+    def trained(layers):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        return model, opt
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's note that it saves in a single process
+        dcp.save(get_optimizer_state_dict(*trained(1)), checkpoint_id=str(tmp_path / "optim"))
+        bigger = get_optimizer_state_dict(*trained(2))
+        with pytest.raises(ValueError) as e:
+            load_whole(bigger, str(tmp_path / "optim"), "the fix", partial=True)
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'optim' / '.metadata'}: 6 keys being loaded are not in the checkpoint"), msg
+    assert "'state.1.bias.exp_avg'" in msg and msg.endswith("Fix: the fix"), msg
+
+
+def _fsdp1_optimizer_ranks(rank: int, world: int, port: int, root: str) -> None:
+    """FSDP1 over 2 gloo ranks, one flat shard: the last layer's few elements all sit on rank 1, so rank 0 holds no
+    optimizer state for them. Saved with a distinctive lr, loaded into a fresh optimizer: every rank's param_groups
+    (lr, initial_lr) must come back."""
+    import warnings
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from rlx.checkpoint.safety import load_whole
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        def build(lr):
+            torch.manual_seed(0)
+            model = FSDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)), use_orig_params=True,
+                         device_id=torch.device("cpu"), sync_module_states=False)
+            return model, torch.optim.AdamW(model.parameters(), lr=lr)
+
+        model, opt = build(0.123)
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        path = os.path.join(root, "optim")
+        dcp.save(get_optimizer_state_dict(model, opt), checkpoint_id=path)
+        fresh, fresh_opt = build(1e-3)
+        osd = get_optimizer_state_dict(fresh, fresh_opt)
+        load_whole(osd, path, "fix", partial=True)
+        set_optimizer_state_dict(fresh, fresh_opt, osd)
+        assert [g["lr"] for g in fresh_opt.param_groups] == [0.123], f"rank {rank}: {fresh_opt.param_groups[0]['lr']}"
+        assert all(torch.equal(opt.state[p]["exp_avg"], fresh_opt.state[q]["exp_avg"])
+                   for p, q in zip(model.parameters(), fresh.parameters()) if p in opt.state)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_without_state_for_some_parameters_still_loads_its_param_groups(tmp_path):
+    """DCP's own planner, on an FSDP1 rank that holds no state for some parameters, switched to the key format of
+    checkpoints before torch 2.4 and, loading partially, silently kept that rank's fresh param_groups (its lr)."""
+    from conftest import free_port
+
+    torch.multiprocessing.spawn(_fsdp1_optimizer_ranks, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)

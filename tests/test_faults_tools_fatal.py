@@ -107,7 +107,7 @@ def test_preflight_refuses_a_disk_without_room_for_two_checkpoints(monkeypatch, 
     from collections import namedtuple
 
     from conftest import load_config
-    from rlx import checkpoint_space
+    from rlx.checkpoint import space as checkpoint_space
     from rlx.plan import make_plan
     from rlx.trainer.preflight import _check_disk_space
 
@@ -153,7 +153,7 @@ def test_disk_full_during_a_save_is_one_line_with_the_folder_and_the_bytes(tmp_p
 
     from conftest import load_config
     from rlx import checkpoint as ckpt
-    from rlx.checkpoint_space import DiskFullError
+    from rlx.checkpoint.space import DiskFullError
     from rlx.plan import make_plan
     from rlx.trainer import cli, launch, preflight
     from rlx.trainer.ppo_trainer import RayPPOTrainer

@@ -30,10 +30,7 @@ LAYERS = [
     ("rlx.data", 2),
     ("rlx.reward", 2),             # how a response is scored: rules, custom functions, manager, reward-model inputs
     # 3: sharded checkpoints of an engine, HF export (read by the workers, reads the engine)
-    ("rlx.checkpoint", 3),
-    ("rlx.checkpoint_safety", 3),  # safe DCP loading, resume file checks (rlx/checkpoint/ once it is a package)
-    ("rlx.checkpoint_lock", 3),    # one run per checkpoint folder (likewise)
-    ("rlx.checkpoint_errors", 3),  # the refusals both share
+    ("rlx.checkpoint", 3),         # the manager, store, engine state, export, safe loading, the run lock
     # 4: Ray worker roles, their group, and the rollouts they hold
     ("rlx.workers", 4),
     # 5: the driver: the loop, the Ray launch, the preflight

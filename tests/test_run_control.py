@@ -74,7 +74,7 @@ def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
         assert any("raylet" in p.name() for p in family)
         import json
 
-        from rlx.checkpoint_lock import LOCK
+        from rlx.checkpoint.lock import LOCK
         assert json.loads((root / LOCK).read_text())["pid"] == proc.pid  # the run holds its checkpoint folder
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
@@ -155,7 +155,7 @@ def test_sigterm_at_any_moment_ends_with_143_and_one_line(tmp_path, where, line)
     """Before Ray (preflight), while Ray starts (its own handler calls sys.exit), while the workers are stopped
     (the cleanup runs to its end first), inside C code that turns the handler's exception into a SystemError (once
     an exit 1 with a traceback): exit 143 and the line Ctrl-C gives, no traceback, the lock released."""
-    from rlx.checkpoint_lock import LOCK
+    from rlx.checkpoint.lock import LOCK
 
     root = tmp_path / "ckpt"
     proc = subprocess.run([sys.executable, "-c", _SIGTERM_AT, where, "--config-name", "quickstart",

@@ -120,11 +120,11 @@ def test_available_memory_is_measured_not_assumed(monkeypatch):
                                               ("[model,optimizer,extra,hf_model]", True), (None, True)])
 def test_actor_hf_export_follows_save_contents(monkeypatch, contents, exports):
     """The actor's HF export is written when save_contents has hf_model (rlx's actor default), never otherwise."""
-    import rlx.checkpoint as ckpt
+    from rlx.checkpoint import engine_state
     from rlx.workers.actor_worker import ActorRolloutRefWorker
 
     seen = {}
-    monkeypatch.setattr(ckpt, "save_engine", lambda engine, path, contents, **kw: seen.update(kw, contents=contents))
+    monkeypatch.setattr(engine_state, "save_engine", lambda engine, path, contents, **kw: seen.update(kw, contents=contents))
     overrides = [f"actor_rollout_ref.actor.checkpoint.save_contents={contents}"] if contents else []
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
     worker.cfg, worker.actor, worker.tokenizer = load_config(overrides), object(), None

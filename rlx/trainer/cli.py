@@ -266,9 +266,8 @@ class _Job:
         except ValueError as e:
             print(f"rlx: config error\n{e}{_base_config_hint(args)}", file=sys.stderr)
             return 2
-        from rlx.checkpoint import DamagedCheckpointError
-        from rlx.checkpoint_lock import CheckpointDirLocked
-        from rlx.checkpoint_space import DiskFullError
+        from rlx.checkpoint.errors import CheckpointDirLocked, DamagedCheckpointError
+        from rlx.checkpoint.space import DiskFullError
         from rlx.trainer.launch import WorkerDied, last_checkpoint_note, run
         from rlx.trainer.ppo_trainer import TrainingStopped
 

@@ -163,13 +163,13 @@ def write_timeline(cfg: RLXConfig) -> None:
 
 def last_checkpoint_note(cfg: RLXConfig) -> str:
     """What is kept of the run in trainer.default_local_dir, for the line that ends a stopped run."""
-    from rlx import checkpoint as ckpt
+    from rlx.checkpoint.store import list_steps, step_dir
 
     root = os.path.abspath(cfg.trainer.default_local_dir)
-    steps = ckpt.list_steps(root)
+    steps = list_steps(root)
     if not steps:
         return "No checkpoint was saved (trainer.save_freq)."
-    return (f"The last complete checkpoint, {ckpt.step_dir(root, steps[-1])}, is kept: the same command resumes "
+    return (f"The last complete checkpoint, {step_dir(root, steps[-1])}, is kept: the same command resumes "
             f"from it (trainer.resume_mode=auto).")
 
 
@@ -186,9 +186,9 @@ def run(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None):
 
 @contextmanager
 def run_lock(cfg: RLXConfig):
-    """The lock of `trainer.default_local_dir` (`rlx.checkpoint_lock`) while the run writes there (checkpoints,
+    """The lock of `trainer.default_local_dir` (`rlx.checkpoint.lock`) while the run writes there (checkpoints,
     file logs); `CheckpointDirLocked` when another run holds it."""
-    from rlx.checkpoint_lock import acquire
+    from rlx.checkpoint.lock import acquire
     from rlx.config.trainer import local_dir_writers
 
     if not local_dir_writers(cfg):

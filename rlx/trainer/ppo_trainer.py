@@ -488,32 +488,25 @@ class RayPPOTrainer:
         return out
 
     # ---- checkpoints ----------------------------------------------------------------------------------
-    def _ckpt_root(self) -> str:
-        return os.path.abspath(self.cfg.trainer.default_local_dir)
+    def _checkpointed(self) -> dict:
+        """The worker groups a checkpoint holds, by their folder in the step's."""
+        return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
 
     def save_checkpoint(self) -> None:
-        """Every part first, then the COMPLETE marker, then the latest pointer: a crash never leaves a pointer
-        to a partial checkpoint."""
-        from rlx import checkpoint as ckpt
+        from rlx.checkpoint.manager import CheckpointManager
 
-        root, t = self._ckpt_root(), self.cfg.trainer
-        d = ckpt.step_dir(root, self.global_step)
+        from rlx.checkpoint.store import step_dir
+
         try:
-            self.actor.save(os.path.join(d, "actor"))
-            if self.critic is not None:
-                self.critic.save(os.path.join(d, "critic"))
-            ckpt.save_driver_state(d, {"global_step": self.global_step, "dataloader": self.loader_state(),
-                                       "kl_ctrl_value": self.kl_ctrl.value})
+            CheckpointManager(self.cfg.trainer).save(
+                self.global_step, self._checkpointed(),
+                {"global_step": self.global_step, "dataloader": self.loader_state(),
+                 "kl_ctrl_value": self.kl_ctrl.value})
         except Exception as e:
-            full = self._disk_full(e, d)
+            full = self._disk_full(e, step_dir(self._ckpt_root(), self.global_step))
             if full is None:
                 raise
             raise full from e
-        ckpt.mark_complete(d)
-        ckpt.write_latest(root, self.global_step)
-        ckpt.rotate(root, t.max_actor_ckpt_to_keep, "actor")
-        ckpt.rotate(root, t.max_critic_ckpt_to_keep, "critic")
-        log.info("saved checkpoint %s", d)
 
     def loader_state(self) -> dict:
         """The data loader's position after the last trained batch (saved with a checkpoint)."""
@@ -523,7 +516,7 @@ class RayPPOTrainer:
         """The `DiskFullError` of a save into `d` that failed with `e`, or None (another failure). Needed: the
         last complete checkpoint's size on disk, else the preflight's estimate."""
         from rlx import checkpoint as ckpt
-        from rlx import checkpoint_space as space
+        from rlx.checkpoint import space
 
         steps = ckpt.list_steps(self._ckpt_root())
         if steps:
@@ -537,19 +530,14 @@ class RayPPOTrainer:
         return space.disk_full(e, d, needed, f"the checkpoint of step {self.global_step}")
 
     def resume(self) -> None:
-        from rlx import checkpoint as ckpt
+        """From `resume_dir`, chosen and verified against its checksums by the preflight (None: a fresh start)."""
+        from rlx.checkpoint.manager import CheckpointManager
 
-        d = self.resume_dir  # chosen and verified against its checksums by the preflight
-        if d is None:
-            return
-        state = ckpt.load_driver_state(d)
-        self.actor.load(os.path.join(d, "actor"))
-        if self.critic is not None:
-            self.critic.load(os.path.join(d, "critic"))
-        self.global_step = int(state["global_step"])
-        self.train_loader.load_state_dict(state["dataloader"])
-        self.kl_ctrl.value = state["kl_ctrl_value"]
-        log.info("resumed from %s at step %d", d, self.global_step)
+        state = CheckpointManager(self.cfg.trainer).resume(self.resume_dir, self._checkpointed())
+        if state is not None:
+            self.global_step = int(state["global_step"])
+            self.train_loader.load_state_dict(state["dataloader"])
+            self.kl_ctrl.value = state["kl_ctrl_value"]
 
     def param_checksum(self) -> float:
         return self.actor.param_checksum()

@@ -22,9 +22,9 @@ seconds with exit 2 instead of failing in a worker 10-20 s in. Checked:
   installed torch (`rlx.workers.rollout.vllm_compat`);
 - checkpoints: `trainer.default_local_dir` is writable when something will be written there; when the job saves
   (`trainer.save_freq`), its disk has room for two checkpoints (a new one is complete before an older one is rotated
-  out; the size estimated from the model on the meta device, `rlx.checkpoint_space`); the checkpoint
+  out; the size estimated from the model on the meta device, `rlx.checkpoint.space`); the checkpoint
   to resume from exists, is complete, matches its checksums, and every file resume reads loads as resume loads it
-  without running code (`rlx.checkpoint.check_resume_files`: JSON, `torch.load(weights_only=True)`, DCP
+  without running code (`rlx.checkpoint.store.check_resume_files`: JSON, `torch.load(weights_only=True)`, DCP
   metadata of DCP's types only); its models are the ones this run builds (`meta.json`'s record against the model
   built on the meta device: class, layers, sizes, LoRA, parameter names and shapes).
 
@@ -376,7 +376,7 @@ def _check_writable(cfg: RLXConfig, problems: list[str]) -> None:
 
 def _check_disk_space(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> None:
     """A job that saves checkpoints needs room for two on the disk of `trainer.default_local_dir`."""
-    from rlx import checkpoint_space as space
+    from rlx.checkpoint import space
 
     t = cfg.trainer
     if t.save_freq is None or t.save_freq <= 0:
@@ -400,11 +400,11 @@ def _check_disk_space(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> Non
 def _check_resume(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> str | None:
     import dataclasses
 
-    from rlx import checkpoint as ckpt
+    from rlx.checkpoint.store import check_resume_files, find_resume_dir
 
     t = cfg.trainer
     try:
-        resume_dir = ckpt.find_resume_dir(dataclasses.replace(
+        resume_dir = find_resume_dir(dataclasses.replace(
             t, default_local_dir=os.path.abspath(t.default_local_dir),
             resume_from_path=os.path.abspath(t.resume_from_path) if t.resume_from_path else None))
     except ValueError as e:
@@ -412,8 +412,6 @@ def _check_resume(cfg: RLXConfig, plan: JobPlan, problems: list[str]) -> str | N
         return None
     if not resume_dir:
         return None
-    from rlx.checkpoint import check_resume_files
-
     unsafe = check_resume_files(resume_dir)  # every file read as resume will read it: no code runs
     problems.extend(unsafe)
     if unsafe:

@@ -145,14 +145,14 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         """Sharded actor checkpoint, with an HF-format export (from_pretrained, vLLM) when `checkpoint.save_contents`
         has hf_model. The ref is not saved."""
-        from rlx.checkpoint import save_engine
+        from rlx.checkpoint.engine_state import save_engine
 
         model = self.cfg.actor_rollout_ref.model
         save_engine(self.actor, path, contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents,
                     tokenizer=self.tokenizer if model.custom_chat_template else None)
 
     def load_checkpoint(self, path: str) -> None:
-        from rlx.checkpoint import load_engine
+        from rlx.checkpoint.engine_state import load_engine
 
         load_engine(self.actor, path, contents=self.cfg.actor_rollout_ref.actor.checkpoint.load_contents)
 

@@ -40,12 +40,12 @@ class CriticWorker(Worker):
         return {**out, **m}
 
     def save_checkpoint(self, path: str) -> None:
-        from rlx.checkpoint import save_engine
+        from rlx.checkpoint.engine_state import save_engine
 
         save_engine(self.critic, path, contents=self.cfg.critic.checkpoint.save_contents)
 
     def load_checkpoint(self, path: str) -> None:
-        from rlx.checkpoint import load_engine
+        from rlx.checkpoint.engine_state import load_engine
 
         load_engine(self.critic, path, contents=self.cfg.critic.checkpoint.load_contents)
 

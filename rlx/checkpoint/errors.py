@@ -1,4 +1,4 @@
-"""The two ways a checkpoint is refused, shared by the checkpoint store and its safe DCP reader."""
+"""The ways a checkpoint or its folder is refused, shared by the store, the safe loaders and the lock."""
 from __future__ import annotations
 
 
@@ -8,3 +8,7 @@ class UnsafeCheckpointError(ValueError):
 
 class DamagedCheckpointError(ValueError):
     """No checkpoint to resume from could be verified, and starting fresh would be wrong."""
+
+
+class CheckpointDirLocked(ValueError):
+    """Another run holds the checkpoint folder (exit 2: nothing was started)."""

@@ -20,15 +20,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from rlx.checkpoint.errors import CheckpointDirLocked
+
 log = logging.getLogger("rlx")
 
 LOCK = "rlx.lock"
 _RECLAIM = LOCK + ".reclaim"  # a short-lived mutex: one process at a time judges and removes a stale lock
 _RECLAIM_STALE_S = 60.0
-
-
-class CheckpointDirLocked(ValueError):
-    """Another run holds the checkpoint folder (exit 2: nothing was started)."""
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""Loading a checkpoint never runs code from it: the DCP reader and planner resume uses, and the driver's check of
-every file of the step to resume from (`rlx.checkpoint.check_resume_files`, before Ray starts).
+"""Loading a checkpoint never runs code from it: the DCP reader and planner resume uses, the loader of the extra
+state files, and the checks of every file of the step to resume from (`rlx.checkpoint.store.check_resume_files`,
+before Ray starts).
 
 torch's own `FileSystemReader.read_metadata` unpickles `.metadata` with `pickle.load`, and `DefaultLoadPlanner`
 loads every byte item (the optimizer's `param_groups.*`) with `torch.load(weights_only=False)`: a pickle planted in
@@ -11,10 +12,13 @@ a `DefaultLoadPlanner` subclass), so that it holds on every torch rlx supports (
   is still found), `torch.Size`, torch dtypes / layouts / memory formats, `pathlib` paths (DCP records the
   checkpoint id) and a few containers. Any other global is refused by name: nothing is called.
 - byte items load with `torch.load(weights_only=True)` (`SafeLoadPlanner.load_bytes`).
+- `extra_rank*.pt` (lr scheduler, RNG states) loads with `torch.load(weights_only=True)` (`load_extra`).
 
-`rlx.checkpoint.check_resume_files(step)` reads every file resume reads the way resume reads it: `driver_state.json` and each
-role's `meta.json` (JSON), `extra_rank*.pt` (`torch.load(weights_only=True)`), the `.metadata` and every byte item of
-`model/` and `optim/` (as above); tensor items are left alone (DCP always loads them with `weights_only=True`).
+`store.check_resume_files(step)` reads every file resume reads the way resume reads it: `driver_state.json`, each
+role's `meta.json` (JSON), `extra_rank*.pt`, the `.metadata` and every byte item of `model/` and `optim/` (as
+above); tensor items are left alone (DCP always loads them with `weights_only=True`).
+
+Only whole checkpoints load (`load_whole`): a model's state must be the saved one key for key and shape for shape.
 """
 from __future__ import annotations
 
@@ -25,13 +29,15 @@ import io
 import os
 import pathlib
 import pickle
+import re
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
-from rlx.checkpoint_errors import DamagedCheckpointError, UnsafeCheckpointError
+from rlx.checkpoint.errors import DamagedCheckpointError, UnsafeCheckpointError
 
 METADATA = ".metadata"
 _DCP_PREFIX = "torch.distributed.checkpoint"
@@ -121,16 +127,28 @@ class SafeFileSystemReader(FileSystemReader):
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
-    """`DefaultLoadPlanner` whose byte items load with `torch.load(weights_only=True)`; it also records the keys it
-    was asked to load (`planned`), so that the caller can tell saved keys nothing consumed."""
+    """`DefaultLoadPlanner` whose byte items load with `torch.load(weights_only=True)`, and that finds every key it is
+    asked to load in the checkpoint or refuses, naming the file (`fix`: what the refusal tells the user to do). It
+    records the keys it plans to load (`planned`), so that the caller can tell saved keys nothing consumed.
 
-    def __init__(self, checkpoint_dir: str, **kwargs):
+    DCP's own planner, when a saved key is not being loaded, retries the key format of checkpoints older than torch
+    2.4 (which rlx never wrote): on an FSDP1 rank that holds no optimizer state for some parameters, that flattened
+    the rank's `param_groups` into one key the checkpoint lacks, and a partial load skipped it, so that the rank
+    trained on with its fresh learning rate. The plan here is DCP's default plan of the state's own keys."""
+
+    def __init__(self, checkpoint_dir: str, fix: str = "resume from a checkpoint of this model", **kwargs):
         super().__init__(**kwargs)
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir, self.fix = checkpoint_dir, fix
         self.planned: set[str] = set()
 
     def create_local_plan(self):
-        plan = super().create_local_plan()
+        saved = self.metadata.state_dict_metadata
+        missing = sorted(k for k in self.state_dict if k not in saved)
+        if missing:
+            raise ValueError(f"{os.path.join(self.checkpoint_dir, METADATA)}: {len(missing)} keys being loaded are not "
+                             f"in the checkpoint (e.g. {missing[:3]}): it was saved from another model or optimizer. "
+                             f"Fix: {self.fix}")
+        plan = create_default_local_load_plan(self.state_dict, self.metadata, True)
         self.planned = {item.dest_index.fqn for item in plan.items}
         return plan
 
@@ -172,7 +190,8 @@ def _check_fits(state: dict, metadata: Metadata, directory: str, fix: str) -> No
         parts = ([f"{len(extra)} saved keys the model does not have (e.g. {extra[:3]})"] if extra else []) + \
                 ([f"{len(missing)} model keys not in the checkpoint (e.g. {missing[:3]})"] if missing else []) + \
                 ([f"{len(shapes)} shapes differ (e.g. {shapes[:3]})"] if shapes else [])
-        raise ValueError(f"{directory} was saved from another model: {'; '.join(parts)}. Fix: {fix}")
+        raise ValueError(f"{os.path.join(directory, METADATA)} was saved from another model: {'; '.join(parts)}. "
+                         f"Fix: {fix}")
 
 
 def _check_consumed(planner: SafeLoadPlanner, metadata: Metadata, directory: str, fix: str) -> None:
@@ -186,21 +205,22 @@ def _check_consumed(planner: SafeLoadPlanner, metadata: Metadata, directory: str
         planned = set().union(*every)
     left = sorted(set(metadata.state_dict_metadata) - planned)
     if left:
-        raise ValueError(f"{directory}: {len(left)} saved keys fit nothing being loaded (e.g. {left[:3]}): it was "
-                         f"saved from another model or optimizer. Fix: {fix}")
+        raise ValueError(f"{os.path.join(directory, METADATA)}: {len(left)} saved keys fit nothing being loaded (e.g. "
+                         f"{left[:3]}): it was saved from another model or optimizer. Fix: {fix}")
 
 
 def load_whole(state: dict, directory: str, fix: str, partial: bool = False) -> None:
-    """`dcp.load(state)` from `directory` through the safe reader and planner, and only whole: a model's flat state
-    dict must equal the saved keys and shapes (checked before anything is read); with `partial` (an optimizer's,
-    where a rank may hold no state for some parameters) every saved key must be loaded by some rank. Collective.
-    `fix`: what the error tells the user to do."""
+    """`dcp.load(state)` from `directory` through the safe reader and planner, and only whole: every key of `state`
+    must be in the checkpoint (on every rank), and every saved key must be loaded. A model's flat state dict must
+    equal the saved keys and shapes (checked before anything is read); with `partial` (an optimizer's, where a rank
+    may hold no state for some parameters) a rank may load a part of the saved keys, and every one must be loaded
+    by some rank. Collective. `fix`: what the error tells the user to do."""
     import torch.distributed.checkpoint as dcp
 
     metadata = load_metadata(os.path.join(directory, METADATA))
     if not partial:
         _check_fits(state, metadata, directory, fix)
-    planner = SafeLoadPlanner(directory, allow_partial_load=partial)
+    planner = SafeLoadPlanner(directory, fix)
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(directory), planner=planner)
     except CheckpointException as e:  # a BaseException: each rank's failure comes back wrapped
@@ -239,7 +259,7 @@ def check_dcp_dir(path: str) -> list[str]:
     return []
 
 
-def _check_meta_json(path: str) -> list[str]:
+def check_meta_json(path: str) -> list[str]:
     import json
 
     try:
@@ -252,3 +272,50 @@ def _check_meta_json(path: str) -> list[str]:
         return [f"{path} is not the record rlx writes (no list of contents); resume from an earlier global_step_N "
                 f"dir (trainer.resume_from_path)"]
     return []
+
+
+def _numpy_array_globals() -> list:
+    """What an ndarray inside a checkpoint of the earlier format needs to be rebuilt: numpy's array constructor
+    and dtypes. Data only: none of them can call anything else."""
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_extra(path: str) -> dict:
+    """An `extra_rank{r}.pt` file, loaded with `weights_only=True`: tensors, dicts, lists and numbers only, so
+    loading it never runs code. The earlier format (numpy's RNG state as an ndarray) loads too, numpy's array
+    type being allowed as data. Anything else is an `UnsafeCheckpointError` naming the file; a file that is not
+    a torch file at all is a `DamagedCheckpointError`."""
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        if "weights_only" not in str(e) and "Unsupported global" not in str(e):
+            raise DamagedCheckpointError(f"{path} is unreadable (UnpicklingError: {e}); resume from an earlier "
+                                         f"global_step_N dir (trainer.resume_from_path)") from None
+        found = re.search(r"(?:Unsupported global|GLOBAL):? ?(\S+)", str(e))
+        raise UnsafeCheckpointError(
+            f"{path} holds a pickled object ({found.group(1) if found else 'a global'}) that would run code when "
+            f"loaded; rlx loads checkpoint files with torch.load(weights_only=True) and refuses it. Nothing was "
+            f"loaded or trained. If you wrote this checkpoint yourself and trust it, re-save its extra state in "
+            f"the safe format: python -m rlx.checkpoint resave-extra {os.path.dirname(os.path.dirname(path))}"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - EOFError, RuntimeError: a truncated or damaged file
+        raise DamagedCheckpointError(f"{path} is unreadable ({type(e).__name__}: {e}); resume from an earlier "
+                                     f"global_step_N dir (trainer.resume_from_path)") from None
+
+
+def check_extra_files(step: str) -> list[str]:
+    """The problems of every `extra_rank*.pt` under a step dir (its actor/ and critic/), each file loaded as
+    resume loads it; [] when all load. The driver calls this before any worker starts."""
+    problems = []
+    for role in sorted(os.listdir(step)) if os.path.isdir(step) else []:
+        role_dir = os.path.join(step, role)
+        if not os.path.isdir(role_dir):
+            continue
+        for name in sorted(n for n in os.listdir(role_dir) if re.fullmatch(r"extra_rank\d+\.pt", n)):
+            try:
+                load_extra(os.path.join(role_dir, name))
+            except ValueError as e:
+                problems.append(str(e))
+    return problems
