@@ -390,6 +390,7 @@ def _fsdp1_optimizer_ranks(rank: int, world: int, port: int, root: str) -> None:
         assert [g["lr"] for g in fresh_opt.param_groups] == [0.123], f"rank {rank}: {fresh_opt.param_groups[0]['lr']}"
         assert all(torch.equal(opt.state[p]["exp_avg"], fresh_opt.state[q]["exp_avg"])
                    for p, q in zip(model.parameters(), fresh.parameters()) if p in opt.state)
+        dist.barrier()  # no rank tears the group down while the other's last collective is in flight (gloo aborts)
     finally:
         dist.destroy_process_group()
 

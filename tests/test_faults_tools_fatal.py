@@ -145,6 +145,11 @@ class _Stub:
 
             raise ray.exceptions.RayTaskError("save_checkpoint", "Traceback ...", error)
         self.actor = SimpleNamespace(save=save)
+        from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+        self._checkpointed = RayPPOTrainer._checkpointed.__get__(self)
+        self.loader_state = lambda: {}
+        self.kl_ctrl = SimpleNamespace(value=0.0)
 
 
 def test_disk_full_during_a_save_is_one_line_with_the_folder_and_the_bytes(tmp_path, monkeypatch, capsys):

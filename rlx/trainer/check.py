@@ -49,11 +49,11 @@ class Checked:
 
 
 def check_before_ray(overrides: list[str], config_dir: str | None, config_name: str,
-                     notes: list[str] | None = None) -> Checked:
+                     notes: list[str] | None = None, composed=None) -> Checked:
     """Compose, validate and run the preflight, keeping every problem: overrides naming unknown keys are reported
     and the rest of the command line is checked without them; a config that breaks cross-key rules still goes
     through the preflight. Raises (ValueError) only what stops composition itself: a malformed override, a value
-    of the wrong type, a config file that does not compose."""
+    of the wrong type, a config file that does not compose. `composed(cfg)` is called once the config is composed."""
     from rlx.config import load_config
     from rlx.config.loader import UnknownKeysError
     from rlx.config.validate import config_errors
@@ -69,6 +69,8 @@ def check_before_ray(overrides: list[str], config_dir: str | None, config_name: 
             cfg = load_config(e.known, config_dir, config_name, validate=False, notes=notes)
         except ValueError as rest:
             raise ValueError("Invalid rlx config:\n  - " + "\n  - ".join(errors + [str(rest)])) from None
+    if composed is not None:  # the caller learns the config before the checks run (a signal's line names its folder)
+        composed(cfg)
     errors += config_errors(cfg)
     problems: list[str] = []
     plan = inputs = None

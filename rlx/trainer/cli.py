@@ -259,7 +259,8 @@ class _Job:
                 return 0
             notes: list[str] = []
             # every problem of every stage before Ray (unknown keys, the rules, the preflight), in one round
-            checked = check_before_ray(args.overrides, args.config_dir, args.config_name, notes)
+            checked = check_before_ray(args.overrides, args.config_dir, args.config_name, notes,
+                                       composed=lambda cfg: setattr(self, "cfg", cfg))
         except OverrideParseError as e:
             print(f"rlx: {e}", file=sys.stderr)
             return 2
