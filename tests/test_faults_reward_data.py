@@ -279,3 +279,26 @@ def test_code_in_a_world_writable_place_is_loaded_with_a_warning(tmp_path, rewar
     with caplog.at_level(logging.WARNING, logger="rlx"):
         _warn_world_writable_code(load_config([f"custom_reward_function.path={reward_file}"], validate=False))
     assert not [r for r in caplog.records if "world-writable" in r.getMessage()]
+
+
+@pytest.mark.e2e
+def test_a_hung_batch_function_is_killed_and_its_batch_scores_the_timeout_score(tmp_path):
+    """reward_model.reward_manager=batch: the one call per batch runs in a process of its own when there is a
+    timeout; past it, the process is killed and every response of the batch gets timeout_score (counted)."""
+    path = tmp_path / "batch_reward.py"
+    path.write_text("import time\n"
+                    "def compute_score(data_sources, solution_strs, ground_truths, extra_infos):\n"
+                    "    if 'sleep' in solution_strs:\n"
+                    "        time.sleep(600)\n"
+                    "    return [1.0 for _ in solution_strs]\n")
+    tok = build_byte_tokenizer()
+    manager = RewardManager(tok, _fn(path), batched=True, timeout_s=2.0, timeout_score=-1.0)
+    try:
+        start = time.monotonic()
+        scores, _ = manager(_batch(tok, ["4", "sleep"]))
+        assert time.monotonic() - start < 30
+        assert scores.sum(-1).tolist() == [-1.0, -1.0] and manager.timeouts == 2 and manager.in_pool
+        scores, _ = manager(_batch(tok, ["4", "5"]))  # a fresh process scores the next batch
+        assert scores.sum(-1).tolist() == [1.0, 1.0] and manager.timeouts == 0
+    finally:
+        manager.close()

@@ -129,6 +129,23 @@ class RewardManager:
         self.in_pool = True
         weakref.finalize(self, self._pool.close)
 
+    def _batch_call(self, kwargs: dict) -> Outcome:
+        """The batch manager's one call: in a process of its own, bounded by timeout_s, when there is a timeout and
+        the function pickles; else in this process."""
+        if self.timeout_s and self._pool is None and not self._decided:
+            self._decided = True
+            why = ensure_picklable(self.compute_score)
+            if why is None:
+                self._pool = ScorePool(self.compute_score, 1, self.timeout_s)
+                self.in_pool = True
+                weakref.finalize(self, self._pool.close)
+            else:
+                logger.warning("rlx: note: reward function %s does not pickle (%s): it scores in this process, "
+                               "without reward_model.score_timeout_s", describe_fn(self.compute_score), why)
+        if self._pool is not None:
+            return self._pool.score([kwargs])[0]
+        return call_in_process(self.compute_score, kwargs)
+
     def _score_each(self, calls: list[dict]) -> list:
         """The function's result for each call, in order; a timed-out call's is timeout_score (counted); a call that
         raised (or whose process died) is a RewardFunctionError naming the first such sample."""
@@ -205,8 +222,14 @@ class RewardManager:
         texts = [self.tokenizer.decode(resp_cpu[i][valids[i]].tolist(), skip_special_tokens=True) for i in range(bsz)]
         extra_infos = [extras[i] if extras is not None else None for i in range(bsz)]
         if self.batched:
-            outcome = call_in_process(self.compute_score, dict(data_sources=list(sources), solution_strs=texts,
-                                                               ground_truths=list(truths), extra_infos=extra_infos))
+            outcome = self._batch_call(dict(data_sources=list(sources), solution_strs=texts,
+                                            ground_truths=list(truths), extra_infos=extra_infos))
+            if outcome.kind == "timeout":  # every response of the batch gets the failure score
+                self.timeouts = bsz
+                logger.warning("rlx: reward function %s (reward_model.reward_manager=batch) took more than %s s on a "
+                               "batch of %d responses (reward_model.score_timeout_s): each gets timeout_score=%s",
+                               describe_fn(self.compute_score), self.timeout_s, bsz, self.timeout_score)
+                outcome = Outcome("ok", [self.timeout_score] * bsz)
             if outcome.kind != "ok":
                 fn = describe_fn(self.compute_score)
                 logger.error("reward function %s raised on a batch of %d responses; its traceback:\n%s", fn, bsz,
