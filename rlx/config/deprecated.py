@@ -17,30 +17,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlx.config.verl_compat import DEPRECATED
-
-ACTOR_SP = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
-CRITIC_SP = "critic.ulysses_sequence_parallel_size"
-# deprecated key -> (the sp key verl divides by, or None: the role has no sequence parallelism; the key that says
-# whether the role's micro-batches are by tokens)
-DIVIDED_BY: dict[str, tuple[str | None, str]] = {
-    "actor_rollout_ref.actor.ppo_micro_batch_size": (ACTOR_SP, "actor_rollout_ref.actor.use_dynamic_bsz"),
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": (
-        ACTOR_SP, "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"),
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": (ACTOR_SP, "actor_rollout_ref.ref.log_prob_use_dynamic_bsz"),
-    "critic.ppo_micro_batch_size": (CRITIC_SP, "critic.use_dynamic_bsz"),  # before forward_: its per-GPU key follows
-    "critic.forward_micro_batch_size": (CRITIC_SP, "critic.use_dynamic_bsz"),
-    "reward_model.micro_batch_size": (None, "reward_model.use_dynamic_bsz"),  # verl: divided by the world size
-}
-assert set(DIVIDED_BY) == set(DEPRECATED)
-
-
-def data_parallel_size(world_size, sp) -> int | None:
-    """verl's divisor: world size // sp (None when either is not a positive integer)."""
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (world_size, sp)):
-        return None
-    return max(world_size // sp, 1) if world_size >= sp else None
-
+from rlx.config.verl_compat import DEPRECATED, DIVIDED_BY, data_parallel_size  # noqa: F401 (DIVIDED_BY: its table)
 
 def _select(cfg: DictConfig, key: str):
     try:

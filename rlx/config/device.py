@@ -11,10 +11,9 @@ import importlib.util
 import os
 import shutil
 import subprocess
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: the schema's section modules import this one
-    from rlx.config.schema import RLXConfig
+# `cfg: RLXConfig` below names rlx.config.schema's root config in annotations only (never evaluated): this module
+# imports nothing of the schema, whose section modules import it
 
 MIXED_PRECISION_DEFAULTS = {
     "cuda": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
