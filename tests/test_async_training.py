@@ -233,3 +233,31 @@ def test_one_step_off_trains_on_samples_one_version_old(ray_local, tmp_path):
     assert "val/synthetic/digits/reward/mean" in hist[-1]
     for m in hist:
         assert 0.0 <= m["async/trainer_idle_ratio"] <= 1.0 and m["perf/sync_weights_gb"] > 0
+
+
+# ---- the benchmark's long-tailed model -------------------------------------------------------------------------
+def test_set_stop_rate_spreads_response_lengths():
+    """rlx.models.random_weights.set_stop_rate on a small random model: about the asked share of responses runs to
+    the cap, the others stop at lengths spread over the whole range (the long tail bench_async measures)."""
+    import transformers
+
+    from rlx.models.random_weights import random_model, set_stop_rate
+    from rlx.workers.rollout.hf_rollout import HFRollout
+
+    cfg = transformers.AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                                            tie_word_embeddings=False, eos_token_id=2, pad_token_id=0)
+    model = random_model(cfg)
+    beta = set_stop_rate(model, eos_id=2, length=32, reach=0.5, sequences=32, tokens=64)
+    assert beta > 0
+    rollout = HFRollout.__new__(HFRollout)
+    rollout.model, rollout.device, rollout.max_response_length = model.float().eval(), torch.device("cpu"), 32
+    rollout.pad_token_id, rollout.eos_token_id, rollout.ignore_eos = 0, 2, False
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 512, (64, 4), generator=g)
+    with torch.no_grad():
+        out, _ = rollout._generate(ids, torch.ones_like(ids), True, 1.0, -1, 1.0, g)
+    lengths = [(row.tolist().index(2) + 1) if 2 in row.tolist() else 32 for row in out]
+    capped = sum(n == 32 for n in lengths) / len(lengths)
+    assert 0.2 <= capped <= 0.8, (capped, sorted(lengths))
+    assert min(lengths) < 8 and len(set(lengths)) > 8, sorted(lengths)  # spread, not one length
