@@ -306,7 +306,10 @@ def test_tool_tokens_get_no_gradient_and_no_advantage(trajectory, hf):
 
 
 # ---- through the entry point ---------------------------------------------------------------------------------
-def test_multi_turn_grpo_through_the_entry_point(tmp_path):
+@pytest.mark.parametrize("layout", ["colocated", "rollout_pool"])
+def test_multi_turn_grpo_through_the_entry_point(tmp_path, layout):
+    """Multi-turn GRPO with a tool, in the actor's workers (colocated) or on a rollout pool of its own (one-step-off:
+    the agent loop runs in the rollout worker, its trajectories reach the trainer whole)."""
     loops = tmp_path / "loops.yaml"
     loops.write_text("- name: forced_tool_agent\n  _target_: agent_helpers.ForcedToolAgent\n  turn_tokens: 5\n")
     rollout = "actor_rollout_ref.rollout"
@@ -320,6 +323,9 @@ def test_multi_turn_grpo_through_the_entry_point(tmp_path):
         f"{rollout}.agent.default_agent_loop=forced_tool_agent", f"{rollout}.agent.agent_loop_config_path={loops}",
         "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false",
         "trainer.save_freq=-1", "trainer.logger=[console,file]", f"trainer.default_local_dir={tmp_path}/ckpt"]
+    if layout == "rollout_pool":
+        overrides += ["actor_rollout_ref.hybrid_engine=False", "rollout.n_gpus_per_node=1",
+                      "trainer.n_gpus_per_node=1"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.dirname(agent_helpers.__file__)]))
     proc = subprocess.run([sys.executable, "-m", "rlx.trainer.main_ppo", "--config-name", "quickstart", *overrides],
                           cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
@@ -332,7 +338,10 @@ def test_multi_turn_grpo_through_the_entry_point(tmp_path):
     assert last["agent/num_turns/mean"] == 6.0 and last["agent/tool_calls/mean"] == 2.0
     assert last["agent/tool_tokens/mean"] > 0 and last["agent/tool_errors/mean"] == 0.0
     assert "actor/pg_loss" in last and "training/rollout_probs_diff_mean" in last
-    assert last["training/rollout_probs_diff_mean"] < 1e-3
+    if layout == "colocated":
+        assert last["training/rollout_probs_diff_mean"] < 1e-3
+    else:  # batch 2 was generated while batch 1 trained
+        assert [m["async/staleness_max"] for m in lines] == [0.0, 1.0], lines
 
 
 def test_prepare_gsm8k_multi_turn_rows_and_the_recipes_tool_config(tmp_path):

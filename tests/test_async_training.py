@@ -40,9 +40,9 @@ def test_async_keys_rlx_does_not_take_are_refused(key):
         load_config(DISAGG + [key])
 
 
-def test_multi_turn_is_refused_on_a_rollout_pool():
-    with pytest.raises(ValueError, match="single-turn"):
-        load_config(DISAGG + ["actor_rollout_ref.rollout.mode=async"])
+def test_partial_rollout_with_the_agent_loop_is_refused():
+    with pytest.raises(ValueError, match="partial_rollout=True pauses single-turn"):
+        load_config(DISAGG + ["actor_rollout_ref.rollout.mode=async", "async_training.partial_rollout=True"])
 
 
 @pytest.mark.parametrize("threshold,bound", [(0, 0), (0.5, 1), (1, 1), (1.2, 2), (3, 3)])

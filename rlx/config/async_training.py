@@ -97,10 +97,10 @@ def check_async_training(cfg) -> list[str]:
         problems.append(f"async_training.bucket_mb={a.bucket_mb} must be >= 1. Fix: 256")
     if a.partial_rollout and a.partial_rollout_segment < 1:
         problems.append(f"async_training.partial_rollout_segment={a.partial_rollout_segment} must be >= 1. Fix: 256")
-    if arr.rollout.mode == "async" or arr.rollout.multi_turn.enable:
-        problems.append("actor_rollout_ref.hybrid_engine=False runs single-turn rollouts (the agent loop runs on the "
-                        "colocated engine only). Fix: actor_rollout_ref.hybrid_engine=True for multi-turn / "
-                        "rollout.mode=async")
+    if a.partial_rollout and (arr.rollout.mode == "async" or arr.rollout.multi_turn.enable):
+        problems.append("async_training.partial_rollout=True pauses single-turn generation between segments; the "
+                        "agent loop's trajectories (rollout.mode=async, multi_turn.enable) run whole. Fix: "
+                        "async_training.partial_rollout=False, or a single-turn rollout")
     from rlx.config.roles import plan_roles  # (roles reads the schema, which holds this module's sections)
 
     if plan_roles(cfg).reward_model:

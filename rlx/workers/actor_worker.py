@@ -70,14 +70,9 @@ class ActorRolloutRefWorker(Worker):
 
     def _build_agent_rollout(self):
         """The agent loop over this rank's engine (rollout.mode=async or multi_turn.enable), else None."""
-        arr, data = self.cfg.actor_rollout_ref, self.cfg.data
-        if not self.plan.rollout.agent_loop:
-            return None
-        from rlx.workers.rollout.agent.runner import AgentRollout
+        from rlx.workers.rollout import build_agent_rollout
 
-        return AgentRollout(self.rollout, self.plan.rollout.engine, self.tokenizer, arr.rollout,
-                            max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length,
-                            pad_token_id=self.tokenizer.pad_token_id)
+        return build_agent_rollout(self.cfg, self.plan, self.rollout, self.tokenizer)
 
     # ---- the steps the driver calls ----------------------------------------------------------------------
     @profiled("rollout_generate", role="rollout")

@@ -43,6 +43,10 @@ class RolloutWorker(Worker):
         own = dataclasses.replace(r, calculate_log_probs=True, free_cache_engine=False)
         self.rollout, self.tokenizer = build_rank_engine(self.cfg, self.plan.rollout.engine, self.device, self.rank,
                                                          self.world_size, rollout_cfg=own)
+        from rlx.workers.rollout import build_agent_rollout
+
+        # multi-turn (the agent loop) runs here too; its trajectories come back whole, each tagged with this version
+        self.agent = build_agent_rollout(self.cfg, self.plan, self.rollout, self.tokenizer)
         self.version = -1  # no weights from the trainer yet
         self.transfer = None
         self.partial: _Partial | None = None
@@ -70,7 +74,8 @@ class RolloutWorker(Worker):
         prompts.meta = dict(prompts.meta, seed=rank_seed(self.plan.rollout.engine, int(prompts.meta.get("seed", 0)),
                                                          self.rank))
         with self.measured("generate", m, "rollout/generate"):
-            out = self.rollout.generate_sequences(prompts)
+            out = (self.agent if self.agent is not None else self.rollout).generate_sequences(prompts)
+        m.update(out.meta.pop("agent_metrics", {}))
         out.tensors[VERSIONS] = torch.full_like(out["responses"], self.version)
         m["perf/rollout/generated_tokens_per_s"] = float(out["response_mask"].sum()) / max(
             m["timing_s/rollout/generate"], 1e-9)

@@ -85,6 +85,18 @@ def build_rank_engine(cfg, engine: str, device, rank: int, world_size: int, roll
     return rollout, tok
 
 
+def build_agent_rollout(cfg, plan, rollout, tokenizer):
+    """The agent loop over a rank's engine `rollout` when the plan's rollout runs one (rollout.mode=async or
+    multi_turn.enable), else None: in the actor's worker (colocated) or in a rollout worker (its own pool)."""
+    if not plan.rollout.agent_loop:
+        return None
+    from rlx.workers.rollout.agent.runner import AgentRollout
+
+    arr, data = cfg.actor_rollout_ref, cfg.data
+    return AgentRollout(rollout, plan.rollout.engine, tokenizer, arr.rollout, max_prompt_length=data.max_prompt_length,
+                        max_response_length=data.max_response_length, pad_token_id=tokenizer.pad_token_id)
+
+
 def generate_rows(engine: str, rollout, prompts: list[list[int]], budgets: list[int], meta: dict,
                   rows: list[int]) -> list[tuple[list[int], list[float] | None]]:
     """Continue each prompt (token ids of any length) by at most its budget of tokens, on `engine`: per row the
