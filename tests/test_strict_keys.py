@@ -227,7 +227,7 @@ def test_log_val_generations_picks_that_many_samples():
 
 
 def test_select_generations_is_verls_choice():
-    from rlx.trainer.ppo_trainer import select_generations
+    from rlx.trainer.validation import select_generations
 
     samples = [(f"p{i}", f"r{i}", float(i)) for i in range(10)]
     first = select_generations(samples, 3)
