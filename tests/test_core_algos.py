@@ -388,7 +388,9 @@ def test_logprobs_from_logits():
 
 
 def test_logits_helpers_chunked_and_bf16(monkeypatch):
-    monkeypatch.setattr(ca, "_LOGITS_ROW_CHUNK", 2)
+    from rlx.algos import logits as logits_module
+
+    monkeypatch.setattr(logits_module, "_LOGITS_ROW_CHUNK", 2)
     logits = torch.tensor([0.0, math.log(3)]).repeat(5, 1).reshape(1, 5, 2)  # 5 rows, 3 chunks
     labels = torch.tensor([[1, 0, 1, 0, 1]])
     lp = ca.logprobs_from_logits(logits, labels)

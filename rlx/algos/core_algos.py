@@ -21,6 +21,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+# what used to live here, in modules of their own (these names stay importable from this module)
+from rlx.algos.kl_ctrl import (AdaptiveKLController, FixedKLController, KL_CTRL_TYPES,  # noqa: F401
+                               get_kl_controller)
+from rlx.algos.logits import entropy_from_logits, logprobs_from_logits, sum_pi_squared_from_logits  # noqa: F401
+
 __all__ = [
     "ADV_ESTIMATORS",
     "LOSS_AGG_MODES",
@@ -54,10 +59,6 @@ LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-tok
 KL_BASE_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_PENALTY_TYPES = KL_BASE_TYPES + tuple(f"{k}+" for k in KL_BASE_TYPES)
 """Each estimator, and its `+` form: the estimator's value with the gradient of k2 (straight through)."""
-KL_CTRL_TYPES = ("fixed", "adaptive")
-
-# Rows of logits processed at once by the log-prob / entropy helpers (bounds peak fp32 memory).
-_LOGITS_ROW_CHUNK = 1024
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -438,111 +439,10 @@ def kl_penalty(
     return k2 - k2.detach() + value.detach()
 
 
-def _rowwise(fn, logits: torch.Tensor, *extra: torch.Tensor, chunk: int = _LOGITS_ROW_CHUNK) -> torch.Tensor:
-    """Apply ``fn(rows_fp32, *extra_rows) -> [n]`` to ``logits`` flattened to ``[N, V]`` in chunks of ``chunk``
-    rows."""
-    lead = logits.shape[:-1]
-    flat = logits.reshape(-1, logits.shape[-1])
-    flat_extra = [e.reshape(-1) for e in extra]
-    n = flat.shape[0]
-    if n == 0:  # still a function of `logits`: a rank with no token (a Ulysses slice) joins the backward
-        return flat.sum(-1).to(torch.float32 if flat.dtype in (torch.float16, torch.bfloat16) else flat.dtype) \
-            .reshape(lead)
-    outs = []
-    for s in range(0, n, chunk):
-        rows = flat[s:s + chunk]
-        if rows.dtype in (torch.float16, torch.bfloat16):
-            rows = rows.float()
-        outs.append(fn(rows, *[e[s:s + chunk] for e in flat_extra]))
-    return torch.cat(outs).reshape(lead)
-
-
-def entropy_from_logits(logits: torch.Tensor, chunk_size: Optional[int] = None) -> torch.Tensor:
-    """Entropy of the categorical distribution over the last dim: ``logsumexp(z) - sum(softmax(z) * z)``.
-
-    Shape ``[..., V] -> [...]``, computed ``chunk_size`` rows at a time (default 1024; verl's
-    ``entropy_from_logits_with_chunking`` with its ``entropy_from_logits_chunk_size``), so the transient float32
-    softmax is ``[chunk_size, V]``. Half-precision logits are upcast to fp32 chunk by chunk (the result is fp32).
-    """
-    def _ent(z: torch.Tensor) -> torch.Tensor:
-        return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
-
-    if chunk_size is not None and chunk_size <= 0:
-        raise ValueError(f"entropy chunk_size={chunk_size}: must be a positive number of rows")
-    return _rowwise(_ent, logits, chunk=chunk_size or _LOGITS_ROW_CHUNK)
-
-
-def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """``sum_v softmax(z)_v^2`` over the last dim, as ``exp(logsumexp(2 z) - 2 logsumexp(z))`` (what the optimal token
-    baseline reads; ``actor.calculate_sum_pi_squared``). Shape ``[..., V] -> [...]``, fp32 for half inputs."""
-    def _spsq(z: torch.Tensor) -> torch.Tensor:
-        return torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1))
-
-    return _rowwise(_spsq, logits)
-
-
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Log-probability of ``labels`` under ``logits``: ``z[label] - logsumexp(z)``.
-
-    Shapes ``[..., V]`` and ``[...]`` -> ``[...]``. Memory-friendly: never materialises a full
-    log-softmax; rows are processed in chunks and half-precision logits are upcast per chunk (the
-    result is fp32 for fp16/bf16 inputs).
-    """
-    def _lp(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return z.gather(-1, y.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
-
-    return _rowwise(_lp, logits, labels)
-
-
 def compute_entropy_loss(logits: torch.Tensor, response_mask: torch.Tensor,
                          loss_agg_mode: str = "token-mean") -> torch.Tensor:
     """Aggregated token entropy of ``logits`` ``[B, T, V]`` over ``response_mask``."""
     return agg_loss(entropy_from_logits(logits), response_mask, loss_agg_mode)
-
-
-# ---------------------------------------------------------------------------------------------------
-# KL control of the in-reward penalty
-# ---------------------------------------------------------------------------------------------------
-class FixedKLController:
-    """Constant KL coefficient; ``update`` is a no-op."""
-
-    def __init__(self, kl_coef: float):
-        self.value = float(kl_coef)
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        return None
-
-
-class AdaptiveKLController:
-    """Adaptive KL coefficient of Ziegler et al. 2019 (https://arxiv.org/abs/1909.08593).
-
-    ``e = clip(current_kl / target_kl - 1, -0.2, 0.2)``; ``value *= 1 + e * n_steps / horizon``.
-    """
-
-    def __init__(self, init_kl_coef: float, target_kl: float, horizon: float):
-        if not horizon > 0:
-            raise ValueError(f"algorithm.kl_ctrl.horizon must be > 0, got {horizon}")
-        if not target_kl > 0:
-            raise ValueError(f"algorithm.kl_ctrl.target_kl must be > 0, got {target_kl}")
-        self.value = float(init_kl_coef)
-        self.target = float(target_kl)
-        self.horizon = float(horizon)
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        proportional_error = float(np.clip(current_kl / self.target - 1.0, -0.2, 0.2))
-        self.value *= 1.0 + proportional_error * n_steps / self.horizon
-
-
-def get_kl_controller(type: str, kl_coef: float, target_kl: Optional[float] = None,
-                      horizon: Optional[float] = None):
-    """Build the controller named by ``algorithm.kl_ctrl.type`` ("fixed" or "adaptive")."""
-    if type == "fixed":
-        return FixedKLController(kl_coef)
-    if type == "adaptive":
-        if target_kl is None or horizon is None:
-            raise ValueError("algorithm.kl_ctrl.type=adaptive needs algorithm.kl_ctrl.target_kl and .horizon")
-        return AdaptiveKLController(kl_coef, target_kl, horizon)
-    raise ValueError(f"Unknown algorithm.kl_ctrl.type={type!r}; valid choices: {list(KL_CTRL_TYPES)}")
 
 
 @torch.no_grad()
