@@ -141,6 +141,7 @@ def row(mode: str, history: list[dict], base: dict | None) -> dict:
     step = mean_after_first(history, "timing_s/step")
     tokens = mean_after_first(history, "perf/total_num_tokens")
     train = sum(mean_after_first(history, f"timing_s/{k}") or 0.0 for k in ("old_log_prob", "ref", "update_actor"))
+    worker = sum(mean_after_first(history, f"timing_s/worker/{k}") or 0.0 for k in ("old_log_prob", "update_actor"))
     scores = [m["critic/score/mean"] for m in history]
     tail = scores[-5:]
     r = {"mode": mode, "s/step": step, "tokens/s": tokens / step if step and tokens else None,

@@ -261,3 +261,36 @@ def test_set_stop_rate_spreads_response_lengths():
     capped = sum(n == 32 for n in lengths) / len(lengths)
     assert 0.2 <= capped <= 0.8, (capped, sorted(lengths))
     assert min(lengths) < 8 and len(set(lengths)) > 8, sorted(lengths)  # spread, not one length
+
+
+def test_bench_async_table_from_histories(monkeypatch):
+    """scripts/bench_async.py's summary of each mode's per-step metrics (means over the steps after the first) and
+    its table, from histories alone: the speed-up is sync's seconds per step over the mode's."""
+    import importlib.util
+
+    from conftest import REPO
+
+    for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER", "RAY_LOG_TO_DRIVER"):
+        monkeypatch.setenv(key, "0")  # what the script sets for its jobs, put back after the test
+    spec = importlib.util.spec_from_file_location("bench_async", f"{REPO}/scripts/bench_async.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def history(step_s: float, async_: bool) -> list[dict]:
+        m = {"timing_s/step": step_s, "perf/total_num_tokens": 1000.0, "timing_s/gen": 1.0,
+             "timing_s/old_log_prob": 0.5, "timing_s/update_actor": 2.0, "timing_s/worker/old_log_prob": 0.4,
+             "timing_s/worker/update_actor": 1.9, "response_length/mean": 10.0, "response_length/max": 20.0,
+             "critic/score/mean": 0.5}
+        if async_:
+            m.update({"async/trainer_idle_ratio": 0.1, "async/rollout_idle_ratio": 0.2,
+                      "timing_s/sync_weights": 0.05, "async/staleness_mean": 1.0})
+        return [dict(m, **{"timing_s/step": 99.0}), m, m]  # the first step (warm-up) is left out of the means
+
+    sync = bench.row("sync", history(4.0, False), None)
+    off1 = bench.row("off1", history(2.0, True), sync)
+    assert sync["s/step"] == 4.0 and off1["tokens/s"] == 500.0 and off1["speed-up"] == 2.0
+    assert off1["train s"] == 2.5 and off1["worker lp+upd s"] == pytest.approx(2.3)
+    assert off1["staleness"] == 1.0 and sync["trainer idle"] is None
+    text = bench.table([sync, off1])
+    header, _, *rows = text.splitlines()
+    assert header.startswith("| mode ") and [r.split("|")[1].strip() for r in rows] == ["sync", "off1"]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rlx import checkpoint as ckpt
-from rlx.trainer.ppo_trainer import SkippedStepGuard, TrainingStopped
+from rlx.trainer.stopping import SkippedStepGuard, TrainingStopped
 
 from conftest import REPO
 from test_e2e import SMALL

@@ -5,7 +5,7 @@ The rollout pool generates while the trainer pool trains. Two threads of the dri
 - the rollouter (`Rollouter`, a background thread) draws the prompts of batch j, generates them on the rollout
   workers and scores them, and queues the batch. It starts batch j only while the rollout's weights are recent
   enough: at most `staleness` policy versions behind the trainer's when batch j trains (`admits`).
-- the trainer (the main thread, `AsyncPPOTrainer.fit`) takes the batches in order and runs the colocated trainer's
+- the trainer (the main thread, the colocated trainer's `fit` with this module's hooks) takes the batches in order and runs the colocated trainer's
   update on each (old log-probs, ref, values, advantages, updates); every `sync_every` steps it sends the weights
   to the rollout workers (`sync`), between two of their calls (`Gate`).
 
@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rlx.plan import ACTOR_GROUP, CRITIC_GROUP, ROLLOUT_GROUP
+from rlx.plan import ROLLOUT_GROUP
 from rlx.protocol import Batch
-from rlx.trainer.ppo_trainer import RayPPOTrainer, TrainingStopped, timed, worker_metrics
+from rlx.trainer.ppo_trainer import RayPPOTrainer, timed
+from rlx.trainer.stopping import TrainingStopped
 from rlx.workers.rollout_worker import VERSIONS
 
 log = logging.getLogger("rlx")
@@ -41,13 +42,17 @@ def lag(trained_at: int, version, sync_every: int):
     return (trained_at - 1) // sync_every - np.floor_divide(version, sync_every)
 
 
+def oldest_versions(versions: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[rows]: the version of each response's oldest generated token (an empty response: its first slot's tag)."""
+    big = torch.iinfo(torch.long).max
+    oldest = torch.where(response_mask.bool(), versions, torch.full_like(versions, big)).min(dim=1).values
+    return torch.where(oldest == big, versions[:, 0], oldest)
+
+
 def stale_rows(versions: torch.Tensor, response_mask: torch.Tensor, trained_at: int, sync_every: int,
                bound: int) -> torch.Tensor:
     """Bool [rows]: rows whose oldest generated token lags more than `bound` versions at step `trained_at`."""
-    big = torch.iinfo(torch.long).max
-    oldest = torch.where(response_mask.bool(), versions, torch.full_like(versions, big)).min(dim=1).values
-    oldest = torch.where(oldest == big, versions[:, 0], oldest)  # an empty response: its first slot's tag
-    return torch.as_tensor(lag(trained_at, oldest.numpy(), sync_every) > bound)
+    return torch.as_tensor(lag(trained_at, oldest_versions(versions, response_mask).numpy(), sync_every) > bound)
 
 
 def staleness_metrics(versions: torch.Tensor, response_mask: torch.Tensor, trained_at: int,
@@ -55,10 +60,8 @@ def staleness_metrics(versions: torch.Tensor, response_mask: torch.Tensor, train
     """async/staleness_{mean,max} (lag of each sample's oldest token), async/version_lag/<l> (share of the samples
     with lag l), async/partial_samples (samples whose tokens come from more than one version)."""
     mask = response_mask.bool()
-    big = torch.iinfo(torch.long).max
-    oldest = torch.where(mask, versions, torch.full_like(versions, big)).min(dim=1).values
+    oldest = oldest_versions(versions, response_mask)
     newest = torch.where(mask, versions, torch.full_like(versions, -1)).max(dim=1).values
-    oldest = torch.where(oldest == big, versions[:, 0], oldest)
     lags = lag(trained_at, oldest.numpy(), sync_every)
     out = {"async/staleness_mean": float(np.mean(lags)), "async/staleness_max": float(np.max(lags)),
            "async/partial_samples": float(((newest > oldest) & mask.any(dim=1)).sum())}
@@ -176,36 +179,21 @@ class AsyncPPOTrainer(RayPPOTrainer):
         if plan.async_.default_is_correction:  # the lag is corrected by token-level truncated IS by default
             self.rollout_corr["rollout_is"] = "token"
         self.rollouts = None  # the RolloutGroup, started by init_workers()
+        self.rollouter: Rollouter | None = None  # the thread that generates ahead, while the steps run (stepping())
         self.gate = Gate(version=-1)
         self.trained_loader_state: dict | None = None
 
     # ---- setup ----------------------------------------------------------------------------------------
     def init_workers(self) -> None:
-        from rlx.workers.actor_worker import ActorGroup
-        from rlx.workers.critic_worker import CriticGroup
-        from rlx.workers.group import ResourcePool
-        from rlx.workers.rollout_worker import RolloutGroup
-
-        placement, pools = self.plan.placement, {}
-
-        def pool(group: str) -> ResourcePool:
-            name = placement.groups[group]
-            if name not in pools:
-                p = placement.pools[name]
-                pools[name] = ResourcePool(p.nnodes, p.gpus_per_node, placement.device, roles=placement.sharing(name))
-            return pools[name]
-
-        # the rollout's engines first: vLLM sizes its KV cache from free GPU memory
-        self.rollouts = RolloutGroup(pool(ROLLOUT_GROUP), self.cfg, self.plan)
-        self.rollouts.init_model()
-        self.actor = ActorGroup(pool(ACTOR_GROUP), self.cfg, self.plan)
-        self.critic = CriticGroup(pool(CRITIC_GROUP), self.cfg, self.plan) if self.plan.roles.critic else None
-        self.actor.init_model(self.total_steps)
-        if self.critic is not None:
-            self.critic.init_model(self.total_steps)
         import ray
 
-        dtype = self.cfg.actor_rollout_ref.rollout.dtype if placement.device == "cuda" else "float32"
+        from rlx.workers.rollout_worker import RolloutGroup
+
+        # the rollout's engines first: vLLM sizes its KV cache from free GPU memory
+        self.rollouts = RolloutGroup(self.place(ROLLOUT_GROUP), self.cfg, self.plan)
+        self.rollouts.init_model()
+        super().init_workers()  # the actor (and ref) and the critic on the trainer pool
+        dtype = self.cfg.actor_rollout_ref.rollout.dtype if self.plan.placement.device == "cuda" else "float32"
         self.weights_info = self.actor.weights_info(str(dtype).replace("torch.", ""), self.plan.async_.bucket_bytes)
         host, port = self.actor.transfer_address()
         world = 1 + self.rollouts.world_size
@@ -248,53 +236,22 @@ class AsyncPPOTrainer(RayPPOTrainer):
             metrics["timing_s/sync_weights"] = stats["seconds"]
             metrics["perf/sync_weights_gb"] = stats["bytes"] / 1e9
 
-    # ---- the loop -------------------------------------------------------------------------------------
-    def fit(self) -> list[dict]:
-        import os
-        import sys
-
-        from tqdm import tqdm
-
-        from rlx.trainer.profiling import StepProfiling
-        from rlx.trainer.tracking import Tracker
-
-        if self.actor is None:
-            self.init_workers()
-        self.tracker = Tracker(self.cfg, os.path.join(self.cfg.trainer.default_local_dir, "logs"))
-        self.profiling = StepProfiling(self.cfg.global_profiler, [self.actor, self.critic], self.total_steps)
-        history: list[dict] = []
-        self.resume()
+    # ---- the loop's hooks (RayPPOTrainer.fit) ----------------------------------------------------------
+    def before_training(self) -> None:
         self.sync()  # the rollout starts from the trainer's weights (the resumed ones too)
-        if self.cfg.trainer.val_before_train or self.cfg.trainer.val_only:
-            self.tracker.log(self.validate_paused(), step=self.global_step)
-        if self.cfg.trainer.val_only:
-            self.tracker.close()
-            return history
-        rollouter = Rollouter(self, self.global_step + 1, self.total_steps)
-        rollouter.start()
-        bar = tqdm(total=self.total_steps, initial=self.global_step, desc="rlx", disable=not sys.stderr.isatty())
+
+    @contextlib.contextmanager
+    def stepping(self):
+        """The rollouter runs while the steps do."""
+        self.rollouter = Rollouter(self, self.global_step + 1, self.total_steps)
+        self.rollouter.start()
         try:
-            while self.global_step < self.total_steps:
-                self.global_step += 1
-                with self.profiling.step(self.global_step):
-                    metrics = self.train_step_async(rollouter)
-                    if self._due(self.cfg.trainer.test_freq) or self.global_step == self.total_steps:
-                        metrics.update(self.validate_paused())
-                    if self._due(self.cfg.trainer.save_freq) or (self.cfg.trainer.save_freq > 0
-                                                                 and self.global_step == self.total_steps):
-                        start = time.perf_counter()
-                        self.save_checkpoint()
-                        metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
-                self.tracker.log(metrics, step=self.global_step)
-                history.append(metrics)
-                self.skip_guard.stop_if_stuck(self.global_step)
-                bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}", step_s=f"{metrics['timing_s/step']:.1f}")
-                bar.update(1)
+            yield
         finally:
-            rollouter.stop.set()
-        bar.close()
-        self.tracker.close()
-        return history
+            self.rollouter.stop.set()
+
+    def next_step(self) -> dict:
+        return self.train_step_async(self.rollouter)
 
     def train_step_async(self, rollouter: Rollouter) -> dict:
         a = self.plan.async_
@@ -305,7 +262,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
             with timed("wait_rollout", timing):
                 item = rollouter.next(self.global_step)
             metrics.update(item.metrics)
-            timing.update({k: v for k, v in item.timing.items()})  # gen, reward: overlapped with training
+            timing.update(item.timing)  # gen, reward: overlapped with training
             self.trained_loader_state = item.loader_state
             batch = self.drop_stale(item.batch, metrics)
             batch = self.update(batch, metrics, timing)
@@ -337,10 +294,10 @@ class AsyncPPOTrainer(RayPPOTrainer):
                     len(batch) - len(keep), a.staleness)
         return batch.index(keep)
 
-    def validate_paused(self) -> dict:
+    def validate(self) -> dict:
         """Validation on the rollout workers, with the trainer's current weights (synced first when the last sync
         is older), while the rollouter waits."""
         if self.gate.version != self.global_step:
             self.sync()
         with self.gate.paused():
-            return self.validate()
+            return super().validate()

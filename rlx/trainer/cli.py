@@ -270,7 +270,7 @@ class _Job:
         from rlx.checkpoint.errors import CheckpointDirLocked, DamagedCheckpointError
         from rlx.checkpoint.space import DiskFullError
         from rlx.trainer.launch import WorkerDied, last_checkpoint_note, run
-        from rlx.trainer.ppo_trainer import TrainingStopped
+        from rlx.trainer.stopping import TrainingStopped
 
         cfg = self.cfg = checked.cfg
         plan, inputs = checked.plan, checked.inputs

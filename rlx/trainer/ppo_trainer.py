@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import time
@@ -21,6 +20,7 @@ from rlx.config.schema import RLXConfig
 from rlx.plan import ACTOR_GROUP, CRITIC_GROUP, REWARD_MODEL_GROUP, JobPlan
 from rlx.protocol import Batch
 from rlx.trainer.profiling import StepProfiling
+from rlx.trainer.stopping import SkippedStepGuard, TrainingStopped
 from rlx.trainer.dynamic_sampling import DynamicSampling, NotEnoughGroups
 from rlx.trainer.tracking import Tracker
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from rlx.trainer.preflight import DriverInputs
     from rlx.workers.actor_worker import ActorGroup
     from rlx.workers.critic_worker import CriticGroup
+    from rlx.workers.group import ResourcePool
     from rlx.workers.reward_model_worker import RewardModelGroup
 
 log = logging.getLogger("rlx")
@@ -45,51 +46,6 @@ def worker_metrics(out: Batch, metrics: dict) -> Batch:
     phase) into the step's metrics; returns `out` without it."""
     metrics.update(out.meta.pop("metrics", {}))
     return out
-
-
-class TrainingStopped(RuntimeError):
-    """The run cannot usefully go on (a reward that is not a finite number, optimizer steps skipped again and
-    again): the entry point reports it in one block and exits non-zero."""
-
-
-class SkippedStepGuard:
-    """Counts optimizer steps skipped for a non-finite gradient norm (`{role}/skipped_steps`, from the engine, or
-    derived from a non-finite `{role}/grad_norm`), warns on the driver, and stops the run after `limit`
-    consecutive training steps with a skip (`trainer.max_consecutive_skipped_steps`; 0: never)."""
-
-    ROLES = ("actor", "critic")
-
-    def __init__(self, limit: int):
-        self.limit, self.consecutive, self.last = limit, 0, ""
-
-    def count(self, metrics: dict, step: int) -> None:
-        """Add `{role}/skipped_steps` to a step's metrics; warn when the step skipped an optimizer step."""
-        skipped = {}
-        for role in self.ROLES:
-            norm = metrics.get(f"{role}/grad_norm")
-            if norm is None:
-                continue  # no update of that role this step (no critic, critic warmup)
-            count = metrics.setdefault(f"{role}/skipped_steps", 0.0 if math.isfinite(norm) else 1.0)
-            if count:
-                skipped[role] = f"{role}/grad_norm={norm}, {role}/skipped_steps={count:g}"
-        self.last = "; ".join(skipped.values())
-        if not skipped:
-            self.consecutive = 0
-            return
-        self.consecutive += 1
-        log.warning("step %d: optimizer step skipped for a non-finite gradient norm (%s); %d consecutive step(s) "
-                    "with a skip (the run stops after %s)", step, self.last, self.consecutive,
-                    self.limit or "never (trainer.max_consecutive_skipped_steps=0)")
-
-    def stop_if_stuck(self, step: int) -> None:
-        """After the step is logged: `TrainingStopped` once `limit` steps in a row skipped."""
-        if self.limit and self.consecutive >= self.limit:
-            raise TrainingStopped(
-                f"step {step}: the optimizer step was skipped for a non-finite gradient norm in {self.consecutive} "
-                f"consecutive steps ({self.last}), so the model is no longer training. Usual "
-                f"causes: a learning rate too high for the model (actor_rollout_ref.actor.optim.lr, critic.optim.lr),"
-                f" or an overflow in low precision. To tolerate more, raise trainer.max_consecutive_skipped_steps "
-                f"(0: never stop).")
 
 
 class RayPPOTrainer:
@@ -134,36 +90,39 @@ class RayPPOTrainer:
         self.actor: ActorGroup | None = None  # the worker groups, started by init_workers()
         self.critic: CriticGroup | None = None
         self.rm: RewardModelGroup | None = None
+        self._placed: dict[str, ResourcePool] = {}  # the pools placed so far, by name (place())
 
     # ---- setup ----------------------------------------------------------------------------------------
     def init_workers(self) -> None:
         from rlx.workers.actor_worker import ActorGroup
         from rlx.workers.critic_worker import CriticGroup
-        from rlx.workers.group import ResourcePool
         from rlx.workers.reward_model_worker import RewardModelGroup
 
-        # the plan's pools (verl's colocated layout: one bundle per GPU, rank i of every group of a pool on its bundle
-        # i, see rlx.workers.group; with reward_model.enable_resource_pool the reward model's own pool), each placed
-        # when its first group starts
-        placement, pools = self.plan.placement, {}
-
-        def pool(group: str) -> ResourcePool:
-            name = placement.groups[group]
-            if name not in pools:
-                p = placement.pools[name]
-                pools[name] = ResourcePool(p.nnodes, p.gpus_per_node, placement.device, roles=placement.sharing(name))
-            return pools[name]
-
         roles = self.plan.roles
-        self.actor = ActorGroup(pool(ACTOR_GROUP), self.cfg, self.plan)
-        self.critic = CriticGroup(pool(CRITIC_GROUP), self.cfg, self.plan) if roles.critic else None
-        self.rm = RewardModelGroup(pool(REWARD_MODEL_GROUP), self.cfg, self.plan) if roles.reward_model else None
+        self.actor = ActorGroup(self.place(ACTOR_GROUP), self.cfg, self.plan)
+        self.critic = CriticGroup(self.place(CRITIC_GROUP), self.cfg, self.plan) if roles.critic else None
+        self.rm = RewardModelGroup(self.place(REWARD_MODEL_GROUP), self.cfg, self.plan) if roles.reward_model else None
         # actor (and its vLLM engine) first: vLLM sizes its KV cache from a GPU no other process is filling
         self.actor.init_model(self.total_steps)
         if self.critic is not None:
             self.critic.init_model(self.total_steps)
         if self.rm is not None:
             self.rm.init_model()
+
+    def place(self, group: str) -> ResourcePool:
+        """The resource pool of worker group `group`, placed when the first group of its pool starts: the plan's
+        pools (verl's colocated layout: one bundle per GPU, rank i of every group of a pool on its bundle i, see
+        rlx.workers.group; the reward model's own pool with reward_model.enable_resource_pool; the rollout's with
+        actor_rollout_ref.hybrid_engine=False)."""
+        from rlx.workers.group import ResourcePool
+
+        placement = self.plan.placement
+        name = placement.groups[group]
+        if name not in self._placed:
+            p = placement.pools[name]
+            self._placed[name] = ResourcePool(p.nnodes, p.gpus_per_node, placement.device,
+                                              roles=placement.sharing(name))
+        return self._placed[name]
 
     def shutdown(self) -> None:
         """Kill the workers and release their placement group; end the reward's scoring processes."""
@@ -182,16 +141,23 @@ class RayPPOTrainer:
         self.profiling = StepProfiling(self.cfg.global_profiler, [self.actor, self.critic], self.total_steps)
         history = []
         self.resume()
+        self.before_training()
         if self.cfg.trainer.val_before_train or self.cfg.trainer.val_only:
             self.tracker.log(self.validate(), step=self.global_step)
         if self.cfg.trainer.val_only:
             self.tracker.close()
             return history
+        with self.stepping():
+            self._steps(history)
+        self.tracker.close()
+        return history
+
+    def _steps(self, history: list[dict]) -> None:
         bar = tqdm(total=self.total_steps, initial=self.global_step, desc="rlx", disable=not sys.stderr.isatty())
         while self.global_step < self.total_steps:
             self.global_step += 1
             with self.profiling.step(self.global_step):  # global_profiler.steps: the workers trace this one
-                metrics = self.train_step(self.train_loader.next_batch())
+                metrics = self.next_step()
                 if self._due(self.cfg.trainer.test_freq) or self.global_step == self.total_steps:
                     metrics.update(self.validate())
                 if self._due(self.cfg.trainer.save_freq) or (self.cfg.trainer.save_freq > 0
@@ -205,8 +171,19 @@ class RayPPOTrainer:
             bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}", step_s=f"{metrics['timing_s/step']:.1f}")
             bar.update(1)
         bar.close()
-        self.tracker.close()
-        return history
+
+    # the hooks a trainer with another schedule overrides (rlx.trainer.async_trainer)
+    def before_training(self) -> None:
+        """After the resume, before the first validation."""
+
+    @contextmanager
+    def stepping(self):
+        """Around the training steps."""
+        yield
+
+    def next_step(self) -> dict:
+        """The next training step's metrics (global_step is its number)."""
+        return self.train_step(self.train_loader.next_batch())
 
     def _due(self, freq: int) -> bool:
         return freq > 0 and self.global_step % freq == 0

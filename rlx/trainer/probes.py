@@ -119,7 +119,7 @@ def check_vllm(cfg, errors):
 
 def check_judge_engine(cfg, errors):
     """A generative judge served by vLLM needs vLLM installed."""
-    rm, r = cfg.reward_model, cfg.reward_model.rollout
+    r = cfg.reward_model.rollout
     if plan_roles(cfg).judge and vllm_missing(r.name or cfg.actor_rollout_ref.rollout.name):
         from rlx.config.device import VLLM_INSTALL_HINT
         errors.append(f"the judge generates with vLLM (reward_model.rollout.name={r.name!r}, "
