@@ -10,7 +10,9 @@ Modes (--modes, comma-separated, run in this order):
   sync    colocated (verl's hybrid engine): both GPUs generate, then both train (trainer.n_gpus_per_node=2)
   on0     rollout on GPU 1, trainer on GPU 0, staleness 0 (they take turns: the colocated run's math)
   off1    the same pools, staleness 1: verl's one-step-off (batch k+1 generated while batch k trains)
-  async2  the same pools, staleness 2 with partial rollout (segments of 512 tokens)
+  async1  the same pools, staleness 1 with partial rollout (segments of 512 tokens): every admitted batch starts at
+          once and the rollout advances them together, so the next batch fills the engine during a batch's long tail
+  async2  the same, staleness 2
 
 Jobs (--job):
   longtail  GRPO with a KL loss on Qwen2.5-0.5B dims with random bf16 weights whose head ends responses at widely
@@ -50,6 +52,8 @@ MODES = {
     "sync": [],
     "on0": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=0"],
     "off1": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=1"],
+    "async1": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=1",
+               "async_training.partial_rollout=True", "async_training.partial_rollout_segment=512"],
     "async2": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=2",
                "async_training.partial_rollout=True", "async_training.partial_rollout_segment=512"],
 }

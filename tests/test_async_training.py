@@ -146,13 +146,14 @@ def test_gate_pause_waits_for_the_rollout_call_in_flight_and_holds_the_next():
 # ---- partial rollout: tokens tagged with the version that produced them ------------------------------------------
 def test_partial_rollout_tags_each_token_with_its_version(tiny_model_path):
     """A rank's share generated in segments of 3 tokens; between segments the weights change (as a sync does): the
-    tokens before carry version 0, those after version 1, and the later tokens come from the new weights."""
+    tokens before carry version 0, those after version 1, and the later tokens come from the new weights. A second
+    batch opened after the change advances in the same calls (the engine takes both), all at version 1."""
     from rlx.workers.rollout.hf_rollout import HFRollout
     from rlx.workers.rollout_worker import VERSIONS, RolloutWorker
 
     cfg = load_config(DISAGG + ["actor_rollout_ref.model.path=" + tiny_model_path, "data.max_response_length=8"])
     w = RolloutWorker.__new__(RolloutWorker)
-    w.cfg, w.rank = cfg, 0
+    w.cfg, w.rank, w.partials = cfg, 0, {}
     w.plan = make_plan(cfg, vllm_installed=lambda: False)
     from transformers import AutoTokenizer
 
@@ -161,20 +162,25 @@ def test_partial_rollout_tags_each_token_with_its_version(tiny_model_path):
     w.rollout = HFRollout(tiny_model_path, max_response_length=8, pad_token_id=w.tokenizer.pad_token_id,
                           eos_token_id=[-1], device=torch.device("cpu"), calculate_log_probs=True)
     w.version = 0
+    sampling = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=-1)
     prompts = Batch({"input_ids": torch.tensor([[0, 5, 6], [7, 8, 9]]),
-                     "attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])},
-                    meta=dict(n=2, do_sample=True, temperature=1.0, top_p=1.0, top_k=-1, seed=3))
-    w.begin(prompts)
-    assert w.advance(3) == 4  # no EOS possible (eos -1): every response goes on
+                     "attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}, meta=dict(n=2, seed=3, **sampling))
+    w.begin(prompts, key=0)
+    assert w.advance(3) == {0: 4}  # no EOS possible (eos -1): every response goes on
     with torch.no_grad():  # "sync": new weights
         for p in w.rollout.model.parameters():
             p.add_(0.5 * torch.randn_like(p))
     w.version = 1
-    while w.advance(3):
+    w.begin(Batch({"input_ids": torch.tensor([[4, 5, 6]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)},
+                  meta=dict(n=2, seed=4, **sampling)), key=1)
+    assert w.advance(3) == {0: 4, 1: 2}  # both batches moved by one segment
+    while any(w.advance(3).values()):
         pass
-    out = w.collect()
+    out, second = w.collect(0), w.collect(1)
+    assert not w.partials
     assert out["responses"].shape == (4, 8) and bool(out["response_mask"].all())
     assert out[VERSIONS].tolist() == [[0, 0, 0, 1, 1, 1, 1, 1]] * 4
+    assert second[VERSIONS].tolist() == [[1] * 8] * 2
     # the tokens after the sync are those the new weights give (re-scored: the log-probs match)
     full = out["input_ids"]
     logits = w.rollout.model(input_ids=full, attention_mask=out["attention_mask"],
@@ -234,6 +240,21 @@ def test_one_step_off_trains_on_samples_one_version_old(ray_local, tmp_path):
     for m in hist:
         assert 0.0 <= m["async/trainer_idle_ratio"] <= 1.0 and m["perf/sync_weights_gb"] > 0
 
+
+
+@pytest.mark.e2e
+def test_partial_rollout_generates_admitted_batches_together(ray_local, tmp_path):
+    """Fully async with partial rollout (staleness 2, segments of 4 tokens): the next batches start while one is
+    still generating (the rollout workers advance them in the same calls), and no sample lags more than the bound.
+    (The versions of a response that spans a sync: test_partial_rollout_tags_each_token_with_its_version.)"""
+    hist = _fit(COMMON + ["actor_rollout_ref.hybrid_engine=False", "rollout.n_gpus_per_node=1",
+                          "trainer.total_training_steps=4", "async_training.staleness_threshold=2",
+                          "async_training.partial_rollout=True", "async_training.partial_rollout_segment=4"],
+                tmp_path, async_=True)
+    assert len(hist) == 4
+    assert max(m["async/batches_in_flight"] for m in hist) >= 2
+    assert all(m["async/staleness_max"] <= 2 and m["async/dropped_stale_samples"] == 0 for m in hist)
+    assert [m["async/rollout_version"] for m in hist] == [1.0, 2.0, 3.0, 4.0]
 
 # ---- the benchmark's long-tailed model -------------------------------------------------------------------------
 def test_set_stop_rate_spreads_response_lengths():

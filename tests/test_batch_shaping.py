@@ -115,6 +115,34 @@ def test_packed_rows_equal_padded_rows(model_type):
     torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
 
 
+
+def test_packed_sdpa_never_uses_cudnn_attention(monkeypatch):
+    """Each packed sequence is one SDPA call with its own length; PyTorch's cuDNN backend builds a graph per new
+    shape (host-bound, 5-10x slower on an H100 without vLLM in the process), so the packed path runs with cuDNN
+    attention switched off and Flash allowed, and leaves the process's settings as they were."""
+    import torch.nn.functional as F
+
+    from rlx.engine.attention import _packed_sdpa
+
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    q, k, v = torch.randn(1, 4, 7, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    module = torch.nn.Module().eval()
+    out, _ = _packed_sdpa(module, q, k, v, None, cu_seq_lens_q=torch.tensor([0, 3, 7], dtype=torch.int32))
+    assert seen == [(False, True), (False, True)]  # one call per sequence, cuDNN off, Flash on
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    ref = real(q[:, :, 3:], k.repeat_interleave(2, dim=1)[:, :, 3:], v.repeat_interleave(2, dim=1)[:, :, 3:],
+               is_causal=True)
+    torch.testing.assert_close(out[:, 3:], ref.transpose(1, 2))
+
+
 # ---- engines on two ranks ---------------------------------------------------------------------------------------
 def _full_grads(module) -> dict:
     out = {}

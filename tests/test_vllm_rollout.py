@@ -402,3 +402,20 @@ def test_worker_wakes_in_stages_around_the_sync(state, monkeypatch):
                      ("wake_up", ["kv_cache"]), ("generate", None), ("sleep", None)], calls
     assert layered == [dict(layered=True)]
     assert out["responses"].shape == (len(PROMPTS), R)
+
+
+def test_row_groups_share_one_engine_call(state):
+    """Partial rollout advances every open batch in one vLLM call (`generate_row_groups`): each group's requests
+    keep their own settings and budgets and get the tokens they get alone."""
+    from rlx.workers.rollout import generate_row_groups
+
+    ids = [row[m.bool()].tolist() for row, m in zip(state.ids, state.mask)]
+    greedy = dict(n=1, do_sample=False, temperature=1.0, top_p=1.0, top_k=-1, seed=1)
+    first = (ids[:2], [5, 3], greedy, [0, 1])
+    second = (ids[2:], [4, R], dict(greedy, seed=2), [0, 1])
+    together = generate_row_groups("vllm", state.rollout, [first, second])
+    alone = [generate_row_groups("vllm", state.rollout, [group])[0] for group in (first, second)]
+    assert [[tokens for tokens, _ in g] for g in together] == [[tokens for tokens, _ in g] for g in alone]
+    for (_, budgets, _, _), got in zip((first, second), together):
+        assert all(0 < len(tokens) <= b and lps is not None and len(lps) == len(tokens)
+                   for (tokens, lps), b in zip(got, budgets))

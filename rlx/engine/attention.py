@@ -2,6 +2,13 @@
 attention must not cross sequences; `cu_seq_lens` (`[n + 1]` int32 offsets) in the forward's kwargs tell it
 where they start. With flash-attn installed (CUDA) transformers' varlen path reads them; otherwise
 `rlx_packed_sdpa` (registered here) runs PyTorch's SDPA causally on each sequence of the row.
+
+The per-sequence calls see a new query length almost every time. PyTorch's cuDNN attention backend (which it
+prefers on Hopper) builds and caches an execution graph per shape, a millisecond or more of host time each, so a
+batch of varied lengths runs CPU-bound with the GPU idle: 5-10x slower log-probs and updates on an H100. vLLM turns
+that backend off process-wide when it is imported, so only a trainer without a vLLM engine in its process (the
+rollout on GPUs of its own) met it. The packed path therefore asks for Flash, memory-efficient or math attention
+(`PACKED_SDPA_BACKENDS`), never cuDNN.
 """
 from __future__ import annotations
 
@@ -11,6 +18,13 @@ import torch
 import torch.nn.functional as F
 
 PACKED_SDPA = "rlx_packed_sdpa"
+
+
+def packed_sdpa_backends() -> list:
+    """SDPA backends of the per-sequence calls, in PyTorch's priority order: cuDNN left out (see the module doc)."""
+    from torch.nn.attention import SDPBackend
+
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def _packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
@@ -25,12 +39,16 @@ def _packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     groups = query.shape[1] // key.shape[1]
     bounds = cu.tolist()
     outs = []
-    for s, e in zip(bounds[:-1], bounds[1:]):
-        k, v = key[:, :, s:e], value[:, :, s:e]
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        outs.append(F.scaled_dot_product_attention(query[:, :, s:e], k, v, dropout_p=dropout if module.training else 0.0,
-                                                   is_causal=True, scale=scaling))
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(packed_sdpa_backends()):
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            k, v = key[:, :, s:e], value[:, :, s:e]
+            if groups > 1:
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            outs.append(F.scaled_dot_product_attention(query[:, :, s:e], k, v,
+                                                       dropout_p=dropout if module.training else 0.0,
+                                                       is_causal=True, scale=scaling))
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
     return out.transpose(1, 2).contiguous(), None
 

@@ -5,18 +5,21 @@ The rollout pool generates while the trainer pool trains. Two threads of the dri
 - the rollouter (`Rollouter`, a background thread) draws the prompts of batch j, generates them on the rollout
   workers and scores them, and queues the batch. It starts batch j only while the rollout's weights are recent
   enough: at most `staleness` policy versions behind the trainer's when batch j trains (`admits`).
-- the trainer (the main thread, the colocated trainer's `fit` with this module's hooks) takes the batches in order and runs the colocated trainer's
-  update on each (old log-probs, ref, values, advantages, updates); every `sync_every` steps it sends the weights
+- the trainer (the main thread: the colocated trainer's `fit` with this module's hooks) takes the batches in
+  order and runs the colocated trainer's update on each (old log-probs, ref, values, advantages, updates); every `sync_every` steps it sends the weights
   to the rollout workers (`sync`), between two of their calls (`Gate`).
 
 A policy version is the training step whose weights the rollout holds; a sample's lag is the number of syncs between
 the version of its oldest token and the trainer's weights. With staleness 0 the two threads take turns and the run
 is the colocated run's, loss for loss. With staleness 1 (one-step-off) batch k+1 is generated while batch k trains.
-Without partial rollout a sync waits for the rollout call in flight to end; with it, for the segment in flight.
+Without partial rollout a sync waits for the rollout call in flight to end; with it, for the segment in flight,
+and every admitted batch starts at once: the rollout workers generate all open batches together, segment by
+segment, so batch j+1 fills the engine while batch j's longest responses finish.
 A sample that lags more than the bound is dropped, never trained on (`drop_stale`).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import queue
@@ -127,7 +130,12 @@ class Rollout:
 
 
 class Rollouter(threading.Thread):
-    """Generates and scores batches first_step .. last_step in order, each admitted by the staleness bound."""
+    """Generates and scores batches first_step .. last_step in order, each admitted by the staleness bound.
+
+    Without partial rollout one batch is generated at a time. With it every admitted batch starts generating at
+    once, in a thread of its own (`Generation`), and the rollout workers advance all open batches together (the
+    `SegmentPump`): batch j+1 fills the engine while batch j's longest responses finish. Batches are scored and
+    queued in order, here."""
 
     def __init__(self, trainer: "AsyncPPOTrainer", first_step: int, last_step: int):
         super().__init__(name="rlx-rollouter", daemon=True)
@@ -142,18 +150,49 @@ class Rollouter(threading.Thread):
         return lag(step, version, a.sync_every) <= a.staleness
 
     def run(self) -> None:
-        t = self.trainer
         try:
-            for step in range(self.first, self.last + 1):
-                t.gate.wait_until(lambda v: self.admits(step, v), self.stop)
-                if self.stop.is_set():
-                    return
-                metrics, timing = {}, {}
-                batch = t.sample(t.train_loader.next_batch(), metrics, timing, step=step)
-                self.out.put(Rollout(step, batch, metrics, timing, t.train_loader.state_dict()))
+            if self.trainer.plan.async_.partial_rollout:
+                self.run_pipelined()
+            else:
+                self.run_one_at_a_time()
         except BaseException as e:  # noqa: BLE001 -- handed to the trainer thread, which raises it
             self.error = e
             self.out.put(None)
+
+    def run_one_at_a_time(self) -> None:
+        t = self.trainer
+        for step in range(self.first, self.last + 1):
+            t.gate.wait_until(lambda v: self.admits(step, v), self.stop)
+            if self.stop.is_set():
+                return
+            metrics, timing = {}, {}
+            batch = t.sample(t.train_loader.next_batch(), metrics, timing, step=step)
+            self.out.put(Rollout(step, batch, metrics, timing, t.train_loader.state_dict()))
+
+    def run_pipelined(self) -> None:
+        t = self.trainer
+        open_: collections.deque[Generation] = collections.deque()
+        step = self.first
+        while (step <= self.last or open_) and not self.stop.is_set():
+            while step <= self.last and self.admits(step, t.gate.version):  # start every admitted batch
+                prompts = t.train_loader.next_batch()
+                open_.append(Generation(step, prompts, t.train_loader.state_dict(), t))
+                open_[-1].start()
+                step += 1
+            if not open_:
+                t.gate.wait_until(lambda v: self.admits(step, v), self.stop)
+                continue
+            head = open_[0]
+            head.join(timeout=0.05)
+            if head.is_alive():
+                continue
+            open_.popleft()
+            if head.error is not None:
+                raise head.error
+            metrics, timing = {"async/batches_in_flight": float(1 + len(open_))}, {}
+            batch = t.sample(head.prompts, metrics, timing, step=head.step, generated=head.result)
+            timing["gen"] = head.seconds + timing.get("gen", 0.0)  # its own generation (overlapping others')
+            self.out.put(Rollout(head.step, batch, metrics, timing, head.loader_state))
 
     def next(self, step: int) -> Rollout:
         while True:
@@ -167,6 +206,26 @@ class Rollouter(threading.Thread):
                 raise self.error
             assert item.step == step, (item.step, step)
             return item
+
+
+class Generation(threading.Thread):
+    """One batch's generation, started as soon as the staleness bound admits it (partial rollout)."""
+
+    def __init__(self, step: int, prompts: Batch, loader_state: dict, trainer: "AsyncPPOTrainer"):
+        super().__init__(name=f"rlx-generate-{step}", daemon=True)
+        self.step, self.prompts, self.loader_state, self.trainer = step, prompts, loader_state, trainer
+        self.result: Batch | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        start = time.perf_counter()
+        try:
+            self.result = self.trainer.generate(self.prompts, validate=False, step=self.step)
+        except BaseException as e:  # noqa: BLE001 -- raised by the rollouter
+            self.error = e
+        finally:
+            self.seconds = time.perf_counter() - start
 
 
 class AsyncPPOTrainer(RayPPOTrainer):
@@ -192,6 +251,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
         # the rollout's engines first: vLLM sizes its KV cache from free GPU memory
         self.rollouts = RolloutGroup(self.place(ROLLOUT_GROUP), self.cfg, self.plan)
         self.rollouts.init_model()
+        self.pump = self.rollouts.segment_pump(self.plan.async_.segment, self.gate.rollout_call)
         super().init_workers()  # the actor (and ref) and the critic on the trainer pool
         dtype = self.cfg.actor_rollout_ref.rollout.dtype if self.plan.placement.device == "cuda" else "float32"
         self.weights_info = self.actor.weights_info(str(dtype).replace("torch.", ""), self.plan.async_.bucket_bytes)
@@ -210,7 +270,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
     def engine_generate(self, gen_in: Batch, validate: bool) -> Batch:
         a = self.plan.async_
         if a.partial_rollout and not validate:
-            return self.rollouts.generate_in_segments(gen_in, a.segment, self.gate.rollout_call)
+            return self.pump.generate(gen_in)
         if validate:  # the trainer thread, holding the rollout paused
             return self.rollouts.generate(gen_in)
         with self.gate.rollout_call():

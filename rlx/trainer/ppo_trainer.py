@@ -245,22 +245,27 @@ class RayPPOTrainer:
         return metrics
 
     # ---- steps ----------------------------------------------------------------------------------------
-    def sample(self, prompts: Batch, metrics: dict, timing: dict, step: int | None = None) -> Batch:
+    def sample(self, prompts: Batch, metrics: dict, timing: dict, step: int | None = None,
+               generated: Batch | None = None) -> Batch:
         """The step's training batch: `prompts` generated and scored, and with `algorithm.filter_groups` the kept
-        groups of as many further rounds as it takes (`rlx.trainer.dynamic_sampling`)."""
+        groups of as many further rounds as it takes (`rlx.trainer.dynamic_sampling`). `generated`: the responses
+        to `prompts`, when they were generated already (`generate`)."""
         try:
-            return self.dynamic_sampling.fill(self.rollout(prompts, metrics, timing, step),
+            return self.dynamic_sampling.fill(self.rollout(prompts, metrics, timing, step, generated),
                                               lambda: self.rollout(self.train_loader.next_batch(), metrics, timing,
                                                                    step),
                                               metrics)
         except NotEnoughGroups as e:
             raise TrainingStopped(f"step {self.global_step}: {e}") from None
 
-    def rollout(self, prompts: Batch, metrics: dict, timing: dict, step: int | None = None) -> tuple[Batch, dict]:
+    def rollout(self, prompts: Batch, metrics: dict, timing: dict, step: int | None = None,
+                generated: Batch | None = None) -> tuple[Batch, dict]:
         """Generate and score one round of prompts: the batch (with token_level_scores) and the reward extras.
-        `step`: the training step the batch is for (sampling seed; default: the current one)."""
+        `step`: the training step the batch is for (sampling seed; default: the current one); `generated`: the
+        responses, when they were generated already."""
         with timed("gen", timing):
-            batch = worker_metrics(self.generate(prompts, validate=False, step=step), metrics)
+            out = generated if generated is not None else self.generate(prompts, validate=False, step=step)
+            batch = worker_metrics(out, metrics)
         if self.cfg.algorithm.adv_estimator == "remax":
             with timed("gen_baseline", timing):
                 self.greedy_baseline(prompts, batch, metrics)

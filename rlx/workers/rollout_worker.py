@@ -3,13 +3,15 @@ HF) per rank of the `rollout` pool, fed new weights from the trainer pool over t
 (rlx.workers.weight_transfer); and `RolloutGroup`, the driver's handle on its ranks.
 
 Each rank knows the policy version its weights come from (the training step of the last sync) and tags every token
-it generates with it (`rollout_token_versions`). With partial rollout the rank keeps its share of a batch between
-calls and generates it in segments (`begin`, `advance`, `collect`): a weight sync between two segments changes the
-weights mid-response, and the tags say which tokens came from which version.
+it generates with it (`rollout_token_versions`). With partial rollout the rank keeps its share of each open batch
+between calls and generates them in segments, all open batches in one engine call (`begin`, `advance`, `collect`;
+the driver's `SegmentPump`): a weight sync between two segments changes the weights mid-response, and the tags say
+which tokens came from which version.
 """
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import ray
 import torch
@@ -49,7 +51,7 @@ class RolloutWorker(Worker):
         self.agent = build_agent_rollout(self.cfg, self.plan, self.rollout, self.tokenizer)
         self.version = -1  # no weights from the trainer yet
         self.transfer = None
-        self.partial: _Partial | None = None
+        self.partials: dict[int, _Partial] = {}  # batches being generated in segments (partial rollout), by key
 
     def open_weight_transfer(self, host: str, port: int, world_size: int) -> None:
         from rlx.workers.weight_transfer import WeightTransfer
@@ -82,33 +84,38 @@ class RolloutWorker(Worker):
         out.meta = dict(out.meta, metrics=m)
         return out
 
-    # ---- partial rollout: a share of the batch generated in segments -------------------------------------------
-    def begin(self, prompts: Batch) -> Batch:
-        """Take this rank's share of a batch (each prompt repeated n times); nothing is generated yet."""
-        self.partial = _Partial(prompts, self.cfg.data.max_response_length)
-        return Batch({"rows": torch.zeros(len(self.partial.ids), dtype=torch.long)})
+    # ---- partial rollout: shares of batches generated in segments ----------------------------------------------
+    def begin(self, prompts: Batch, key: int = 0) -> Batch:
+        """Take this rank's share of batch `key` (each prompt repeated n times); nothing is generated yet. Several
+        batches may be open at once: each `advance` moves all of them."""
+        self.partials[key] = _Partial(prompts, self.cfg.data.max_response_length)
+        return Batch({"rows": torch.zeros(len(self.partials[key].ids), dtype=torch.long)})
 
-    def advance(self, segment: int) -> int:
-        """Generate at most `segment` more tokens of each unfinished response with the current weights; returns how
-        many responses are still unfinished."""
-        from rlx.workers.rollout import generate_rows
+    def advance(self, segment: int) -> dict[int, int]:
+        """Generate at most `segment` more tokens of each unfinished response of every open batch with the current
+        weights, in one engine call (the engine batches them together, so a batch's long tail shares the GPU with
+        the next batch's start); returns how many responses of each batch are still unfinished."""
+        from rlx.workers.rollout import generate_row_groups
 
-        p = self.partial
-        todo = [i for i, done in enumerate(p.done) if not done]
-        if todo:
-            budgets = [min(segment, p.max_len - len(p.tokens[i])) for i in todo]
-            meta = dict(p.meta, seed=int(p.meta.get("seed", 0)) * 1000 + 7919 * p.segments + self.rank)
-            outs = generate_rows(self.plan.rollout.engine, self.rollout, [p.ids[i] + p.tokens[i] for i in todo],
-                                 budgets, meta, todo)
+        groups, parts = [], []
+        for p in self.partials.values():
+            todo = [i for i, done in enumerate(p.done) if not done]
+            if todo:
+                budgets = [min(segment, p.max_len - len(p.tokens[i])) for i in todo]
+                meta = dict(p.meta, seed=int(p.meta.get("seed", 0)) * 1000 + 7919 * p.segments + self.rank)
+                groups.append(([p.ids[i] + p.tokens[i] for i in todo], budgets, meta, todo))
+                parts.append(p)
+        for p, (_, budgets, _, todo), outs in zip(parts, groups,
+                                                 generate_row_groups(self.plan.rollout.engine, self.rollout, groups)):
             for i, budget, (ids, lps) in zip(todo, budgets, outs):
                 p.add(i, ids[:budget], lps, self.version, budget, self._eos)
             p.segments += 1
-        return sum(1 for done in p.done if not done)
+        return {key: sum(1 for done in p.done if not done) for key, p in self.partials.items()}
 
-    def collect(self) -> Batch:
-        """The finished share, as `generate_sequences` returns it (with the tokens' versions)."""
-        out, self.partial = self.partial.batch(self.tokenizer.pad_token_id, self._eos, self.rollout), None
-        return out
+    def collect(self, key: int = 0) -> Batch:
+        """Batch `key`'s finished share, as `generate_sequences` returns it (with the tokens' versions)."""
+        p = self.partials.pop(key)
+        return p.batch(self.tokenizer.pad_token_id, self._eos, self.rollout)
 
     @property
     def _eos(self) -> list[int]:
@@ -180,16 +187,57 @@ class RolloutGroup(WorkerGroup):
         """Whole responses to `prompts`, split over the rollout's data-parallel groups."""
         return self.run_dp(RolloutWorker.generate_sequences, prompts, replicas=self.tp)
 
-    def generate_in_segments(self, prompts: Batch, segment: int, between) -> Batch:
-        """Responses to `prompts` generated `segment` tokens at a time; `between()` runs after each segment (where
-        the driver lets a weight sync in). The result is `generate`'s."""
-        size = len(prompts)
-        self.run_dp(RolloutWorker.begin, prompts, replicas=self.tp)
+    def segment_pump(self, segment: int, between) -> "SegmentPump":
+        """Partial rollout's driver side: batches generated `segment` tokens at a time, together (see SegmentPump)."""
+        return SegmentPump(self, segment, between)
+
+
+class SegmentPump:
+    """Generates batches on the rollout workers in segments, for any number of driver threads at once.
+
+    `generate(prompts)` opens the batch on the workers (`begin`) and returns its responses once they are all finished.
+    Meanwhile one of the waiting threads at a time calls `advance` on every worker, which moves every open batch by
+    one segment in one engine call: the next batch starts while the last one's longest responses still run, so the
+    engine stays busy through a batch's long tail. `between()` wraps each segment (the driver's gate: a weight sync
+    lands between two segments, and the tokens after it carry the new version)."""
+
+    def __init__(self, group: RolloutGroup, segment: int, between):
+        self.group, self.segment, self.between = group, segment, between
+        self.cv = threading.Condition()
+        self.left: dict[int, int | None] = {}  # unfinished responses of each open batch (None: not counted yet)
+        self.pumping, self.next_key = False, 0
+        self.error: BaseException | None = None
+
+    def generate(self, prompts: Batch) -> Batch:
+        g = self.group
+        with self.cv:
+            key, self.next_key = self.next_key, self.next_key + 1
+        g.run_dp(RolloutWorker.begin, prompts, replicas=g.tp, key=key)
+        with self.cv:
+            self.left[key] = None
         while True:
-            with between():
-                left = ray.get([w.advance.remote(segment) for w in self.workers])
-            if not any(left):
-                break
-        outs = ray.get([w.collect.remote() for w in self.workers])[::self.tp]
-        n = int(prompts.meta.get("n", 1))
-        return Batch.concat(outs).slice(0, size * n)
+            with self.cv:
+                self.cv.wait_for(lambda: not self.pumping or self.left[key] == 0 or self.error is not None)
+                if self.error is not None:
+                    raise RuntimeError("partial rollout: a segment failed") from self.error
+                if self.left[key] == 0:
+                    del self.left[key]
+                    break
+                self.pumping = True
+            try:
+                with self.between():
+                    lefts = ray.get([w.advance.remote(self.segment) for w in g.workers])
+            except BaseException as e:
+                with self.cv:
+                    self.error = e
+                raise
+            finally:
+                with self.cv:
+                    self.pumping = False
+                    if self.error is None:
+                        for k in self.left:  # a batch opened while this segment ran is counted by the next one
+                            if all(k in counts for counts in lefts):
+                                self.left[k] = sum(counts[k] for counts in lefts)
+                    self.cv.notify_all()
+        outs = ray.get([w.collect.remote(key) for w in g.workers])[::g.tp]
+        return Batch.concat(outs).slice(0, len(prompts) * int(prompts.meta.get("n", 1)))

@@ -97,32 +97,40 @@ def build_agent_rollout(cfg, plan, rollout, tokenizer):
                         max_response_length=data.max_response_length, pad_token_id=tokenizer.pad_token_id)
 
 
-def generate_rows(engine: str, rollout, prompts: list[list[int]], budgets: list[int], meta: dict,
-                  rows: list[int]) -> list[tuple[list[int], list[float] | None]]:
-    """Continue each prompt (token ids of any length) by at most its budget of tokens, on `engine`: per row the
-    generated ids (up to and including an EOS) and their log-probs (None without rollout.calculate_log_probs).
-    `rows`: each request's row in the batch (its sampling seed, as the sync path gives that sample)."""
+def generate_row_groups(engine: str, rollout, groups: list[tuple]) -> list[list[tuple[list[int], list[float] | None]]]:
+    """Continue each prompt of several groups `(prompts, budgets, meta, rows)` (each group its own sampling settings
+    and seed) by at most its budget of tokens, on `engine`: per group, per row the generated ids (up to and including
+    an EOS) and their log-probs (None without rollout.calculate_log_probs). A prompt is token ids of any length;
+    `rows` gives each request's row in its batch (its sampling seed, as the sync path gives that sample). vLLM takes
+    every group's requests in one call, so they share its batches; hf runs the groups one after the other."""
     if engine == "vllm":
         from vllm.inputs import TokensPrompt
 
-        params = [rollout.request_params(meta, b, r) for b, r in zip(budgets, rows)]
+        prompts, params, sizes = [], [], []
+        for group_prompts, budgets, meta, rows in groups:
+            prompts += [TokensPrompt(prompt_token_ids=list(p)) for p in group_prompts]
+            params += [rollout.request_params(meta, b, r) for b, r in zip(budgets, rows)]
+            sizes.append(len(group_prompts))
         if rollout.calculate_log_probs:
             for p in params:
                 p.logprobs = 0
-        outs = rollout.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                    use_tqdm=False)
+        outs = rollout.llm.generate(prompts, params, use_tqdm=False) if prompts else []
         result = []
         for out in outs:
             s = out.outputs[0]
             ids = list(s.token_ids)
             lps = [float(s.logprobs[t][tok].logprob) for t, tok in enumerate(ids)] if s.logprobs else None
             result.append((ids, lps))
-        return result
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        return [result[a:a + n] for a, n in zip(starts, sizes)]
     import torch
 
-    gen = torch.Generator(device=rollout.device).manual_seed(int(meta.get("seed", 0)))
-    out = rollout.generate_ids(prompts, budgets, meta, gen)
-    return [(ids, lps if rollout.calculate_log_probs else None) for ids, lps in out]
+    results = []
+    for group_prompts, budgets, meta, _ in groups:
+        gen = torch.Generator(device=rollout.device).manual_seed(int(meta.get("seed", 0)))
+        out = rollout.generate_ids(group_prompts, budgets, meta, gen)
+        results.append([(ids, lps if rollout.calculate_log_probs else None) for ids, lps in out])
+    return results
 
 
 def rank_seed(engine: str, seed: int, rank: int) -> int:
