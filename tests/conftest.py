@@ -95,8 +95,7 @@ def _gloo_per_strategy(rank: int, world: int, port: int, root: str, check) -> No
 
     import torch
 
-    # a rank that crashes in native code writes the Python stack of each of its threads here; its stderr would be
-    # captured by pytest and shown only if the test fails, which a passing rerun hides
+    # a rank that crashes in native code writes the Python stack of each of its threads here (the failure shows it)
     os.makedirs(root, exist_ok=True)
     faulthandler.enable(file=open(_crash_log(root, rank), "w"), all_threads=True)
 
@@ -113,9 +112,9 @@ def _gloo_per_strategy(rank: int, world: int, port: int, root: str, check) -> No
         passed = True
     finally:
         if passed:
-            # no rank closes its gloo connections while the other's last collective is still in flight: the teardown
-            # race that aborts the other rank in native code ("terminate called without an active exception", seen
-            # in a two-rank DCP test), the likely cause of the rare crash the rerun below covers
+            # no rank closes its gloo connections while the other's last collective is still in flight: without this
+            # barrier the first rank to finish tears its pairs down under the other's last collective, which then
+            # dies in gloo's native code (SIGSEGV or SIGABRT, "terminate called without an active exception")
             torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
@@ -129,26 +128,10 @@ def spawn_per_strategy(check, root: str, world: int = 2) -> None:
         torch.multiprocessing.spawn(_gloo_per_strategy, args=(world, free_port(), root, check), nprocs=world,
                                     join=True)
     except torch.multiprocessing.ProcessExitedException as e:
-        # A rank killed by a signal inside gloo's native code (seen once in ~50 full CPU runs on 2 cores, never
-        # reproduced alone, its cause not found): run the whole check once more, from scratch; a second crash, or
-        # any failed assertion, fails the test. The warning (shown by pytest for a passing test too) carries the
-        # crashed rank's stacks, so that the next crash says where it happened.
-        if e.signal_name not in ("SIGSEGV", "SIGBUS", "SIGABRT"):
-            raise
-        import shutil
-        import warnings
-
-        warnings.warn(f"rank {e.error_index} died of {e.signal_name}; running the check once more. Its stacks "
-                      f"(faulthandler):\n{_read_crash_log(root, e.error_index)}")
-        for strategy in ("fsdp", "fsdp2"):
-            shutil.rmtree(os.path.join(root, strategy), ignore_errors=True)
-        try:
-            torch.multiprocessing.spawn(_gloo_per_strategy, args=(world, free_port(), root, check), nprocs=world,
-                                        join=True)
-        except torch.multiprocessing.ProcessExitedException as again:
-            how = again.signal_name or f"exit code {again.exit_code}"
-            raise AssertionError(f"rank {again.error_index} died again ({how}); its stacks (faulthandler):\n"
-                                 f"{_read_crash_log(root, again.error_index)}") from again
+        # a rank killed by a signal fails the test, with the Python stacks of its threads at the crash
+        how = e.signal_name or f"exit code {e.exit_code}"
+        raise AssertionError(f"rank {e.error_index} died ({how}); its stacks (faulthandler):\n"
+                             f"{_read_crash_log(root, e.error_index)}") from e
 
 
 def _read_crash_log(root: str, rank: int) -> str:
