@@ -20,7 +20,7 @@ are a pure function of the config, valid on any config. Whether vLLM is installe
 `vllm_installed`, passed in (tests stand it in).
 
 The engine names ("vllm", "hf") are compared here, in rlx.config.roles and in the rollout factory only; the role
-predicates are written in rlx.config.roles only (tests/test_plan.py checks both).
+predicates are written in rlx.config.roles only (tests/unit/test_plan.py checks both).
 """
 from __future__ import annotations
 

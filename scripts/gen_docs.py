@@ -16,7 +16,7 @@ Tables:
 - `no_op_by_design`, `deprecated`, `follows`, `not_supported`: the key lists of the same names in
   rlx/config/verl_compat.py.
 
-tests/test_docs.py fails when a block is stale or names a key the schema does not have.
+tests/unit/test_docs.py fails when a block is stale or names a key the schema does not have.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu2_sp.sh          # ~5-8 min on 2 H100s (each 32k-token generation ~0.5-1.5 min); the table last
 #
-# 1. The bf16 check on the engines (tests/test_ulysses.py, both GPUs over NCCL): the actor's log-probs of one batch
+# 1. The bf16 check on the engines (tests/e2e/test_ulysses.py, both GPUs over NCCL): the actor's log-probs of one batch
 #    under SP=2 are as close to the fp32 values as SP=1's (bf16 noise). (The fp32 exactness test, SP=2 = SP=1
 #    within 1e-5 for log-probs, values, losses and every gradient, runs in the GPU suite's group 6.)
 # 2. A GRPO job, `python -m rlx.trainer.main_ppo`: actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 (one
@@ -34,8 +34,8 @@ WORK="${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/rlx-gpu2-sp.XXXXXX")}"
 mkdir -p "$WORK"
 t0=$SECONDS
 
-echo "=== 1. SP=2 vs SP=1 on the engines, 2 GPUs (tests/test_ulysses.py)"
-timeout --signal=INT --kill-after=30 150 "$PYTHON" -m pytest -q -s -p no:cacheprovider -m gpu tests/test_ulysses.py \
+echo "=== 1. SP=2 vs SP=1 on the engines, 2 GPUs (tests/e2e/test_ulysses.py)"
+timeout --signal=INT --kill-after=30 150 "$PYTHON" -m pytest -q -s -p no:cacheprovider -m gpu tests/e2e/test_ulysses.py \
   -k sp2_logprobs_match_sp1_at_bf16_noise_on_two_gpus 2>&1 \
   | grep -E "log-probs vs fp32|passed|failed|skipped|Error|error" | tail -n 20
 check_rc=${PIPESTATUS[0]}

@@ -10,7 +10,7 @@ started (its descendant processes named `ray::<Worker class>`), and each time a 
 `metrics.jsonl` records the latest sample under that step. Printed: a table per step (driver MiB, each worker's
 MiB), then the growth of each from the end of the first third of the run to its end (the first steps warm up:
 allocator pools, compiled kernels, Ray's object store client); written: <out>/memory.json with the same numbers.
-tests/test_memory_long.py runs it and bounds the growth.
+tests/e2e/test_memory_long.py runs it and bounds the growth.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Test helpers for the agent loop (imported by tests/test_agent_loop.py and, by name, by the Ray workers of its
+"""Test helpers for the agent loop (imported by tests/unit/test_agent_loop.py and, by name, by the Ray workers of its
 end-to-end run through `agent_loop_config_path` / `function_tool_path`).
 
 The built-in tiny model has random weights: it never writes a tool call and rarely an EOS. `ForcedToolAgent` is the

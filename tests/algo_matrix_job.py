@@ -5,7 +5,7 @@ rollout), so a run costs its two steps, not a Ray start and worker spawns.
     python tests/algo_matrix_job.py OUT_DIR RUNS.json
 
 RUNS.json: {name: [override, ...]}. Each run writes its metrics to OUT_DIR/<name>/logs/metrics.jsonl
-(trainer.logger=[file]) and its exit code to OUT_DIR/<name>/rc; tests/test_algos_e2e.py reads them.
+(trainer.logger=[file]) and its exit code to OUT_DIR/<name>/rc; tests/e2e/test_algos_e2e.py reads them.
 """
 from __future__ import annotations
 

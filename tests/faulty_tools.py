@@ -1,4 +1,4 @@
-"""Function tools that misbehave, for tests/test_faults_tools_fatal.py (its `function_tool_path`)."""
+"""Function tools that misbehave, for tests/e2e/test_faults_tools_fatal.py (its `function_tool_path`)."""
 from __future__ import annotations
 
 import os

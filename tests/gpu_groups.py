@@ -2,7 +2,7 @@
 or `pytest -m gpu <the group's files> --gpu-group k`, which runs group k's tests only and prints a table of them
 (outcome and seconds of each, then the totals) at the very end.
 
-Every GPU test belongs to exactly one group (tests/test_gpu_groups.py checks it on the CPU): a new GPU test goes
+Every GPU test belongs to exactly one group (tests/unit/test_gpu_groups.py checks it on the CPU): a new GPU test goes
 into a group here, with its estimated seconds on one H100. Groups are split by GPU count; long tests run alone.
 Estimates: the GRPO recipe's 194 s was measured (run alone, H100); the rest are estimates from what each test runs
 (a whole first run of the suite took 570 s for 41 of the 42 tests, recipes and the judge's included).
@@ -35,40 +35,40 @@ class Group:
 
 GROUPS = {
     1: Group("engines, kernels and offload in the pytest process (no Ray, no vLLM)", 1, ("hydra",), {
-        "tests/test_engine_gpu.py": 25,
-        "tests/test_liger_gpu.py": 20,  # skipped without liger_kernel
-        "tests/test_long_gpu.py": 30,
-        "tests/test_offload_gpu.py": 120,
-        "tests/test_ops.py::test_fused_head_cuda_bf16_peak": 5,
-        "tests/test_ops.py::test_tiled_mlp_cuda_peak": 10,
-        "tests/test_tiled_layer.py::test_tiled_layer_cuda_bf16_peak_and_noise_floor": 10,
-        "tests/test_triton_head.py::test_triton_equals_torch_backend_cuda_fp32": 30,
-        "tests/test_triton_head.py::test_triton_equals_torch_backend_cuda_bf16_qwen_vocab": 20,
-        "tests/test_profiler.py::test_torch_memory_writes_snapshots_of_the_step_and_at_out_of_memory": 25,
+        "tests/e2e/test_engine_gpu.py": 25,
+        "tests/e2e/test_liger_gpu.py": 20,  # skipped without liger_kernel
+        "tests/e2e/test_long_gpu.py": 30,
+        "tests/e2e/test_offload_gpu.py": 120,
+        "tests/e2e/test_ops.py::test_fused_head_cuda_bf16_peak": 5,
+        "tests/e2e/test_ops.py::test_tiled_mlp_cuda_peak": 10,
+        "tests/e2e/test_tiled_layer.py::test_tiled_layer_cuda_bf16_peak_and_noise_floor": 10,
+        "tests/e2e/test_triton_head.py::test_triton_equals_torch_backend_cuda_fp32": 30,
+        "tests/e2e/test_triton_head.py::test_triton_equals_torch_backend_cuda_bf16_qwen_vocab": 20,
+        "tests/e2e/test_profiler.py::test_torch_memory_writes_snapshots_of_the_step_and_at_out_of_memory": 25,
     }),
     2: Group("jobs through Ray on one GPU: HF rollout with offload, the vLLM engine's lifecycle, the default job "
              "with vLLM (20 steps), PPO + critic with vLLM", 1, ("hydra", "ray", "vllm"), {
-        "tests/test_gpu_ray.py::test_grpo_fsdp2_offload_one_gpu": 45,
-        "tests/test_gpu_ray.py::test_ppo_critic_fsdp_offload_one_gpu": 40,
-        "tests/test_vllm_gpu.py::test_engine_lifecycle_in_a_ray_worker": 60,
-        "tests/test_vllm_gpu.py::test_rollout_probs_match_the_actor_in_bf16": 110,  # runs the default job
-        "tests/test_vllm_gpu.py::test_default_job_learns_with_vllm": 1,  # the same run
-        "tests/test_vllm_gpu.py::test_ppo_critic_colocated_vllm_offload_memory_budget": 70,
+        "tests/e2e/test_gpu_ray.py::test_grpo_fsdp2_offload_one_gpu": 45,
+        "tests/e2e/test_gpu_ray.py::test_ppo_critic_fsdp_offload_one_gpu": 40,
+        "tests/e2e/test_vllm_gpu.py::test_engine_lifecycle_in_a_ray_worker": 60,
+        "tests/e2e/test_vllm_gpu.py::test_rollout_probs_match_the_actor_in_bf16": 110,  # runs the default job
+        "tests/e2e/test_vllm_gpu.py::test_default_job_learns_with_vllm": 1,  # the same run
+        "tests/e2e/test_vllm_gpu.py::test_ppo_critic_colocated_vllm_offload_memory_budget": 70,
     }),
     3: Group("scripts/run_grpo_gsm8k.sh, 3 steps, Qwen2.5-0.5B dims", 1, ("hydra", "ray", "vllm", "gsm8k"), {
-        "tests/test_vllm_gpu.py::test_gsm8k_recipe_on_one_gpu[run_grpo_gsm8k.sh]": 200,  # 194 s measured alone
+        "tests/e2e/test_vllm_gpu.py::test_gsm8k_recipe_on_one_gpu[run_grpo_gsm8k.sh]": 200,  # 194 s measured alone
     }),
     4: Group("scripts/run_ppo_gsm8k.sh, 3 steps, Qwen2.5-0.5B dims", 1, ("hydra", "ray", "vllm", "gsm8k"), {
-        "tests/test_vllm_gpu.py::test_gsm8k_recipe_on_one_gpu[run_ppo_gsm8k.sh]": 220,
+        "tests/e2e/test_vllm_gpu.py::test_gsm8k_recipe_on_one_gpu[run_ppo_gsm8k.sh]": 220,
     }),
     5: Group("scripts/run_grpo_genrm.sh, 3 steps, 0.5B policy + 1.5B judge", 1, ("hydra", "ray", "vllm", "gsm8k"), {
-        "tests/test_reward_judge_gpu.py::test_genrm_recipe_on_one_gpu": 300,
+        "tests/e2e/test_reward_judge_gpu.py::test_genrm_recipe_on_one_gpu": 300,
     }),
     6: Group("two GPUs: PPO + critic over 2 ranks (HF rollout); Ulysses SP=2 equals SP=1 over NCCL (fp32, exact) "
              "and at bf16 noise", 2, ("hydra", "ray"), {
-        "tests/test_gpu_ray.py::test_ppo_critic_two_gpus": 60,
-        "tests/test_ulysses.py::test_sp2_matches_sp1_on_two_gpus": 120,
-        "tests/test_ulysses.py::test_sp2_logprobs_match_sp1_at_bf16_noise_on_two_gpus": 45,
+        "tests/e2e/test_gpu_ray.py::test_ppo_critic_two_gpus": 60,
+        "tests/e2e/test_ulysses.py::test_sp2_matches_sp1_on_two_gpus": 120,
+        "tests/e2e/test_ulysses.py::test_sp2_logprobs_match_sp1_at_bf16_noise_on_two_gpus": 45,
     }),
 }
 BUDGET_S = 540

@@ -1,6 +1,6 @@
 """Which config keys the code reads: a tiny job run in one process with a config that records every field read.
 
-`python tests/key_recording.py OUT.json` writes {"reads": {dotted key: [reading files]}}; tests/test_config_keys.py
+`python tests/key_recording.py OUT.json` writes {"reads": {dotted key: [reading files]}}; tests/unit/test_config_keys.py
 runs it and accounts for every leaf key of the schema.
 
 How: each dataclass instance of the typed config gets its own subclass (named after its key path) whose

@@ -1,17 +1,17 @@
-"""The `e2e` marker, applied at collection: a test that starts Ray or any other process (a training job, FSDP ranks
-spawned over gloo, a subprocess, vLLM) is e2e; every other test is a unit test that runs in this process, and
-`make test-fast` runs those alone (`pytest -m "not e2e and not long and not gpu"`), less the few marked `long`:
-tests that run in this process but take seconds each (whole models trained or generated, sweeps of config loads),
-listed in `LONG`.
+"""The test layout's rule: `tests/unit/` holds the tests that run in the pytest process alone, `tests/e2e/` those that
+start Ray or any other process (a training job, FSDP ranks spawned over gloo, a subprocess, vLLM) or need a GPU.
+Every test under tests/e2e/ is marked `e2e` at collection; `make test-fast` runs tests/unit/ (`pytest tests/unit -m
+"not long"`), less the few marked `long`: unit tests that take seconds each (whole models trained or generated,
+sweeps of config loads), listed in `LONG`.
 
-Which tests are e2e is read from the test files themselves (`ast`, nothing is imported), so a new test needs no
-list to be kept: a test is e2e when its function, a fixture it takes, or a function of its module (or of a helper
-module of tests/ or scripts/) that it calls, directly or through others, names one of `HEAVY_NAMES` (`fit_job`,
-`ray_local`, `spawn_per_strategy`, `subprocess`, `ray`, `Tracker`, ...) or asks `pytest.importorskip("vllm")`. A
-test marked `slow`, or `e2e` by hand, is e2e too.
+The rule is checked, not trusted: a test under tests/unit/ that reads as starting a process is a collection error
+naming it. That is read from the test files themselves (`ast`, nothing is imported): a test starts a process when its
+function, a fixture it takes, or a function of its module (or of a helper module of tests/ or scripts/, or the unit
+module an e2e file shares helpers with) that it calls, directly or through others, names one of `HEAVY_NAMES`
+(`fit_job`, `ray_local`, `spawn_per_strategy`, `subprocess`, `ray`, `Tracker`, ...) or asks
+`pytest.importorskip("vllm")`; or is listed in `E2E`, or marked `slow` or `e2e` by hand.
 
-Under `make test-fast` (RLX_TEST_FAST=1) a test left unmarked that starts a process anyway fails, naming this file:
-the fast set stays what it says.
+Under `make test-fast` (RLX_TEST_FAST=1) a unit test that starts a process anyway fails, naming this file.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ E2E = {
 }
 # Tests that start no process but take seconds each on 2 cores (the rest of the fast set takes ~0.2 s a test):
 # `long`, which `make test-fast` skips too so that it stays under 3 minutes. A test file, or file::function (every
-# parameter of it). tests/test_hygiene.py checks that each entry names a test that exists.
+# parameter of it). tests/unit/test_hygiene.py checks that each entry names a test that exists.
 LONG = {
     "test_ops.py::test_tiled_mlp_model_bitwise": "a tiny model trained under four schemes, compared bit for bit",
     "test_ops.py::test_tiled_mlp_module_rowwise_bitwise": "tiled MLP forward and backward over many tile sizes",
@@ -100,9 +100,11 @@ def _names(node: ast.AST) -> set[str]:
 
 
 def _helper(module: str) -> Path | None:
+    """The file of a helper module a test imports (`agent_helpers`, or `unit.test_x` for an e2e file's helpers)."""
     for folder in HELPER_DIRS:
-        if (folder / f"{module}.py").is_file():
-            return folder / f"{module}.py"
+        path = folder / (module.replace(".", "/") + ".py")
+        if path.is_file():
+            return path
     return None
 
 
@@ -172,30 +174,41 @@ def is_long(item) -> bool:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "e2e: starts Ray or another process (applied by tests/markers.py); "
-                                       "make test-fast runs the others")
+    config.addinivalue_line("markers", "e2e: a test of tests/e2e: starts Ray or another process, or needs a GPU "
+                                       "(applied by tests/markers.py); make test-fast runs tests/unit")
     config.addinivalue_line("markers", "long: starts no process but takes seconds (tests/markers.py LONG); "
                                        "make test-fast skips it too")
 
 
+def folder(item) -> str:
+    """unit | e2e: the folder of tests/ the test lives in."""
+    return Path(str(item.fspath)).parent.name
+
+
 def pytest_collection_modifyitems(config, items):
+    misplaced = []
     for item in items:
-        if is_e2e(item):
+        if folder(item) == "e2e":
             item.add_marker(pytest.mark.e2e)
+        elif is_e2e(item):
+            misplaced.append(item.nodeid)
         elif is_long(item):
             item.add_marker(pytest.mark.long)
+    if misplaced:
+        raise pytest.UsageError(f"{len(misplaced)} test(s) under tests/unit start a process or are marked e2e/slow "
+                                f"(tests/markers.py): move them to tests/e2e: {', '.join(misplaced[:10])}")
 
 
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_process(request, monkeypatch):
-    """Under `make test-fast`: a test not marked e2e that starts a process fails, saying so."""
+    """Under `make test-fast`: a unit test that starts a process fails, saying so."""
     if not os.environ.get("RLX_TEST_FAST") or any(request.node.get_closest_marker(m) for m in ("e2e", "gpu")):
         yield
         return
 
     def refuse(*args, **kwargs):
-        pytest.fail(f"{request.node.nodeid} starts a process but is not marked e2e: tests/markers.py did not see "
-                    f"it (add the name it starts the process with to HEAVY_NAMES, or mark it @pytest.mark.e2e)",
+        pytest.fail(f"{request.node.nodeid} starts a process but lives in tests/unit: tests/markers.py did not see "
+                    f"it (move it to tests/e2e, and add the name it starts the process with to HEAVY_NAMES)",
                     pytrace=True)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

@@ -6,7 +6,7 @@ Taken from verl 0.9.1's `verl/trainer/config/_generated_ppo_trainer.yaml` (the c
 A few keys verl 0.9.1 keeps only as null legacy spellings of a newer key; for those the value is what verl uses
 (the newer key's default), noted on the line. `???` marks a key verl requires on the command line.
 
-tests/test_verl_defaults.py compares rlx's base config (rlx/trainer/config/ppo_trainer.yaml) with this table; the
+tests/unit/test_verl_defaults.py compares rlx's base config (rlx/trainer/config/ppo_trainer.yaml) with this table; the
 keys where rlx differs on purpose are rlx.config.verl_compat.VERL_DEFAULT_EXCEPTIONS.
 """
 

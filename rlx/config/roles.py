@@ -2,7 +2,7 @@
 
 Validation reads them (it runs before the job plan exists); the job plan (rlx.plan) is built from them. The engine
 names ("vllm", "hf") are compared here, in rlx.plan and in the rollout factory only; the role predicates are written
-here only (tests/test_plan.py checks both).
+here only (tests/unit/test_plan.py checks both).
 """
 from __future__ import annotations
 

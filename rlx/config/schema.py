@@ -12,7 +12,7 @@ so that a verl command line works unchanged. Every leaf key does what its docstr
 keys that verl has and rlx does not implement yet are present with verl's defaults and listed in
 `NOT_SUPPORTED` (setting one to another value fails validation); verl's deprecated keys are in `DEPRECATED`;
 keys that only mirror another key are in `FOLLOWS`; the few keys that are no-ops by design are in
-`NO_OP_BY_DESIGN`, each with the reason (these tables: rlx.config.verl_compat). `tests/test_config_keys.py`
+`NO_OP_BY_DESIGN`, each with the reason (these tables: rlx.config.verl_compat). `tests/unit/test_config_keys.py`
 walks the schema and fails on a key that is none of these and that no consumer reads.
 Each field carries a docstring (the string literal under it); the YAML export turns them into comments.
 """

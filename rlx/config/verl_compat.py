@@ -2,7 +2,7 @@
 its deprecated keys (DEPRECATED), keys that mirror another (FOLLOWS), keys that are no-ops by design
 (NO_OP_BY_DESIGN) and the keys whose rlx default differs from verl's (VERL_DEFAULT_EXCEPTIONS).
 
-Validation refuses a NOT_SUPPORTED key set to another value; tests/test_config_keys.py walks the schema against these
+Validation refuses a NOT_SUPPORTED key set to another value; tests/unit/test_config_keys.py walks the schema against these
 tables; scripts/gen_docs.py renders them into docs/config_keys.md and docs/reference.md.
 """
 from __future__ import annotations
@@ -155,7 +155,7 @@ NO_OP_BY_DESIGN.update(profiler.NO_OP_BY_DESIGN)  # options of the refused nsys/
 
 
 # The keys whose rlx default is not verl 0.9.1's (every other key shared with verl has verl's default; the test
-# tests/test_verl_defaults.py holds verl's values). Each one changes speed, memory or what is written to disk, never
+# tests/unit/test_verl_defaults.py holds verl's values). Each one changes speed, memory or what is written to disk, never
 # what is trained; docs/config_keys.md and docs/reference.md show this list (scripts/gen_docs.py). Values are
 # {key: (rlx default, verl default, reason)}.
 VERL_DEFAULT_EXCEPTIONS: dict[str, tuple[Any, Any, str]] = {

@@ -29,7 +29,7 @@ layers; `apply_activation_offload(..., recomputed=...)` offloads their saved inp
 Parameters are explicit inputs of the function (FSDP1 `use_orig_params` views and FSDP2 unsharded parameters
 alike, read at call time as `rlx.ops.tiled_mlp` does), so their gradients leave it once, summed over tiles.
 
-Exactness (CPU float32, tests/test_ops.py): outputs and input gradients equal the untiled layer's bit for bit.
+Exactness (CPU float32, tests/unit/test_ops.py): outputs and input gradients equal the untiled layer's bit for bit.
 The ops are the layer's own modules and functions on row slices (every tile at least `_MIN_ROWS` rows), the
 attention sees q/k/v with the untiled values and strides, and the gradient of `x` is accumulated in the order
 autograd uses untiled: the residual part first, then the norm's. Parameter gradients are sums over tiles: equal

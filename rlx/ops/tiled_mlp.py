@@ -18,7 +18,7 @@ plain tiled loop (lower peak in long eval forwards); with at most `tile_tokens` 
 Saved per token: the MLP input (H values) instead of H + ~4 x intermediate_size; while a tile is recomputed
 in backward, its own intermediates and their gradients (~8 x [tile, intermediate_size]) are the extra peak.
 
-Exactness (CPU float32, checked by tests/test_ops.py): outputs and input gradients are row-wise, and every tile
+Exactness (CPU float32, checked by tests/unit/test_ops.py): outputs and input gradients are row-wise, and every tile
 runs at least `_MIN_ROWS` rows (see `_windows`), so they equal the untiled ones bit for bit. Parameter gradients
 sum over tokens: untiled, the BLAS GEMM sums in K-blocks of its own choosing; the tiles' gradients added in
 order into the first tile's float32 gradient reproduce it bit for bit when each tile is one such block (seen

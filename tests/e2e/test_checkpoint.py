@@ -1,0 +1,18 @@
+"""Checkpoints: exact resume of FSDP1/FSDP2 actor engines over 2-rank gloo, HF export, crash safety, rotation."""
+from __future__ import annotations
+import os
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+from conftest import spawn_per_strategy
+from unit.test_checkpoint import (  # noqa: F401 -- helpers and fixtures shared with the unit tests
+    WORLD,
+    _check,
+)
+
+
+def test_resume_exact_hf_export_and_crash(tmp_path, monkeypatch):
+    """FSDP1 then FSDP2 in the same two processes (spawning and importing transformers dominate on CPU)."""
+    from rlx.models import resolve_model_path
+
+    monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))  # a private built-in model, inherited by the ranks
+    resolve_model_path("builtin://tiny-qwen2")
+    spawn_per_strategy(_check, str(tmp_path / "ckpt"), WORLD)

@@ -1,0 +1,96 @@
+"""Issue 39's fault matrix, the rows of slow or failing rewards (and, below, of bad data): each test fails on the code
+before rlx.reward's scoring pool and the data checks, and passes after.
+
+| row | test |
+|---|---|
+| a reward function that sleeps 60 s per call: a silent hang, calls in series, no timeout | test_hung_call_is_killed_and_scores_the_timeout_score, test_calls_run_in_parallel, test_slow_scoring_logs_a_progress_line |
+| a reward function that raises on some rows: a raw 36-line traceback without sample or data_source | test_raising_function_is_one_line_naming_function_sample_and_source, test_raising_and_dying_functions_in_the_pool |
+| a chat message `content` given as bytes: trains on the repr, silently | test_message_content_that_is_not_text_is_refused_with_file_and_row |
+| a string column with invalid UTF-8: a bare codec error without file or row | test_invalid_utf8_names_the_file_column_and_row |
+| (item 7) a reward or tool file in a world-writable place | test_code_in_a_world_writable_place_is_loaded_with_a_warning |
+
+The tests that start the scoring processes are marked e2e (tests/markers.py); the rest run in this process.
+"""
+from __future__ import annotations
+import logging
+import time
+import pytest
+from rlx.models import build_byte_tokenizer
+from rlx.reward.manager import RewardFunctionError, RewardManager
+from unit.test_faults_reward_data import _batch, _fn
+
+
+# ---- the pool (these start processes) -------------------------------------------------------------------
+@pytest.mark.e2e
+def test_hung_call_is_killed_and_scores_the_timeout_score(reward_file):
+    """A call past score_timeout_s gets timeout_score and is counted; its process is killed, not abandoned, and the
+    next step scores with a fresh one."""
+    tok = build_byte_tokenizer()
+    manager = RewardManager(tok, _fn(reward_file), num_workers=2, timeout_s=2.0, timeout_score=-1.0)
+    try:
+        start = time.monotonic()
+        scores, _ = manager(_batch(tok, ["4", "sleep", "5", "4"]))
+        assert time.monotonic() - start < 30
+        assert scores.sum(-1).tolist() == [1.0, -1.0, 0.0, 1.0] and manager.timeouts == 1 and manager.in_pool
+        workers = manager._pool.workers
+        assert len(workers) == 2 and all(w.alive() for w in workers)
+        scores, _ = manager(_batch(tok, ["4", "4"]))
+        assert scores.sum(-1).tolist() == [1.0, 1.0] and manager.timeouts == 0  # counted per call
+    finally:
+        manager.close()
+
+
+@pytest.mark.e2e
+def test_calls_run_in_parallel(reward_file):
+    tok = build_byte_tokenizer()
+    manager = RewardManager(tok, _fn(reward_file, delay=1.5), num_workers=4, timeout_s=60.0)
+    try:
+        manager(_batch(tok, ["4"]))  # the processes start
+        start = time.monotonic()
+        scores, _ = manager(_batch(tok, ["4", "5", "4", "4"]))
+        elapsed = time.monotonic() - start
+        assert scores.sum(-1).tolist() == [1.0, 0.0, 1.0, 1.0]
+        assert elapsed < 4.5, f"4 calls of 1.5 s in 4 processes took {elapsed:.1f} s"
+    finally:
+        manager.close()
+
+
+@pytest.mark.e2e
+def test_raising_and_dying_functions_in_the_pool(reward_file, caplog):
+    tok = build_byte_tokenizer()
+    manager = RewardManager(tok, _fn(reward_file), num_workers=2, timeout_s=60.0)
+    try:
+        with caplog.at_level(logging.ERROR, logger="rlx.reward.manager"), pytest.raises(RewardFunctionError) as e:
+            manager(_batch(tok, ["4", "raise"], sources=["a", "b/src"]))
+        assert "raised ZeroDivisionError" in str(e.value) and "sample 1 (data_source='b/src')" in str(e.value)
+        assert "return 1 / 0" in caplog.text
+        with pytest.raises(RewardFunctionError) as e:
+            manager(_batch(tok, ["exit", "4"], sources=["x/src", "a"]))
+        assert "exit code 3" in str(e.value) and "sample 0 (data_source='x/src')" in str(e.value), str(e.value)
+        scores, _ = manager(_batch(tok, ["4", "4"]))  # the pool goes on with a fresh process
+        assert scores.sum(-1).tolist() == [1.0, 1.0]
+    finally:
+        manager.close()
+
+
+@pytest.mark.e2e
+def test_a_hung_batch_function_is_killed_and_its_batch_scores_the_timeout_score(tmp_path):
+    """reward_model.reward_manager=batch: the one call per batch runs in a process of its own when there is a
+    timeout; past it, the process is killed and every response of the batch gets timeout_score (counted)."""
+    path = tmp_path / "batch_reward.py"
+    path.write_text("import time\n"
+                    "def compute_score(data_sources, solution_strs, ground_truths, extra_infos):\n"
+                    "    if 'sleep' in solution_strs:\n"
+                    "        time.sleep(600)\n"
+                    "    return [1.0 for _ in solution_strs]\n")
+    tok = build_byte_tokenizer()
+    manager = RewardManager(tok, _fn(path), batched=True, timeout_s=2.0, timeout_score=-1.0)
+    try:
+        start = time.monotonic()
+        scores, _ = manager(_batch(tok, ["4", "sleep"]))
+        assert time.monotonic() - start < 30
+        assert scores.sum(-1).tolist() == [-1.0, -1.0] and manager.timeouts == 2 and manager.in_pool
+        scores, _ = manager(_batch(tok, ["4", "5"]))  # a fresh process scores the next batch
+        assert scores.sum(-1).tolist() == [1.0, 1.0] and manager.timeouts == 0
+    finally:
+        manager.close()

@@ -1,0 +1,149 @@
+"""Fault matrix (issue 39): tools that misbehave, and the faults that end a run. Each row is a test that failed
+before the change it names: sync function tools in killable worker processes (hung, runaway-printing,
+process-ending tools), one `rlx:` line for a dead worker, a full disk, and a preflight that refuses a disk too small
+for two checkpoints."""
+from __future__ import annotations
+import logging
+import os
+import time
+import pytest
+from rlx.workers.rollout.agent import tool_procs
+from rlx.workers.rollout.agent.tools import call_tool
+from unit.test_faults_tools_fatal import _Stub, alive, by_name, run
+
+
+@pytest.mark.e2e
+def test_hung_sync_tools_are_killed_and_free_their_workers(tools, tmp_path, monkeypatch):
+    """Before: a hung call kept its thread; 32 of them exhausted the pool and every later call timed out."""
+    monkeypatch.setenv("RLX_TEST_PID_FILE", str(tmp_path / "pids"))
+    hang, fast = by_name(tools, "hang"), by_name(tools, "pid_tool")
+    hung = run(*(call_tool(hang, {"seconds": 600}, {}, 1.0) for _ in range(6)))  # more than the pool's 4
+    assert all(r.error and "timed out after 1 s" in r.text for r in hung)
+    pids = [int(x) for x in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 4  # two calls waited for a worker until their timeout and never started
+    assert not any(alive(p) for p in pids)  # killed, not abandoned
+    t0 = time.perf_counter()
+    (ok,) = run(call_tool(fast, {}, {}, 5.0))
+    assert not ok.error and int(ok.text) not in pids and time.perf_counter() - t0 < 5.0
+
+
+@pytest.mark.e2e
+def test_fast_sync_tools_reuse_their_worker_process(tools):
+    fast = by_name(tools, "pid_tool")
+    first = run(call_tool(fast, {}, {}, 10.0))[0]
+    t0 = time.perf_counter()
+    again = run(*(call_tool(fast, {}, {}, 10.0) for _ in range(20)))
+    per_call = (time.perf_counter() - t0) / 20
+    assert {r.text for r in again} <= set(map(str, tool_procs.pool().pids())) and first.text in {r.text for r in again}
+    assert per_call < 0.05, per_call  # a round trip over a pipe (~1 ms), not a process start (~0.1 s)
+
+
+@pytest.mark.e2e
+def test_runaway_printing_tool_is_capped_and_killed(tools, caplog):
+    """Before: a timed-out tool that printed forever kept printing from its thread: 2.3 GB of logs in 100 s."""
+    caplog.set_level(logging.INFO, logger="rlx")
+    chatty, forever = by_name(tools, "chatty"), by_name(tools, "print_forever")
+    (said,) = run(call_tool(chatty, {"lines": 100_000}, {}, 30.0))
+    assert not said.error and said.text == "said it"
+    printed = [r.getMessage() for r in caplog.records if "'chatty' printed" in r.getMessage()]
+    assert len(printed) == 1 and "line 0\n" in printed[0] and "more bytes dropped" in printed[0]
+    assert len(printed[0]) < tool_procs.OUTPUT_LIMIT + 200
+    t0 = time.perf_counter()
+    (r,) = run(call_tool(forever, {}, {}, 1.0))
+    assert r.error and "timed out" in r.text and time.perf_counter() - t0 < 3.0
+    assert tool_procs.pool().pids() == []  # the one worker ran chatty, then print_forever, and was killed
+    assert sum(len(x.getMessage()) for x in caplog.records) < 3 * tool_procs.OUTPUT_LIMIT
+
+
+@pytest.mark.e2e
+def test_tool_that_ends_its_process_is_named_and_its_trajectory_gets_an_error_reply(tools, caplog):
+    """Before: `os._exit(1)` in a tool killed the rollout worker with Ray's generic message, the tool unnamed."""
+    caplog.set_level(logging.WARNING, logger="rlx")
+    dies, fast = by_name(tools, "exit_process"), by_name(tools, "pid_tool")
+    (r,) = run(call_tool(dies, {}, {}, 10.0))
+    assert r.error and r.text == "Error: tool 'exit_process' crashed: its process ended (exit code 1)"
+    lines = [x.getMessage() for x in caplog.records]
+    assert any(m.startswith("rlx: tool 'exit_process' ended its worker process (exit code 1)") for m in lines), lines
+    (ok,) = run(call_tool(fast, {}, {}, 10.0))  # a fresh worker
+    assert not ok.error and int(ok.text) != os.getpid()
+
+
+def test_disk_full_during_a_save_is_one_line_with_the_folder_and_the_bytes(tmp_path, monkeypatch, capsys):
+    """Before: line 83 of a 107-line traceback; the last line a torch zip-writer internal."""
+    import errno
+
+    from conftest import load_config
+    from rlx import checkpoint as ckpt
+    from rlx.checkpoint.space import DiskFullError
+    from rlx.plan import make_plan
+    from rlx.trainer import cli, launch, preflight
+    from rlx.trainer.ppo_trainer import RayPPOTrainer
+
+    root = tmp_path / "ckpt"
+    cfg = load_config([f"trainer.default_local_dir={root}", "trainer.save_freq=1"])
+    stub = _Stub(cfg, make_plan(cfg), OSError(errno.ENOSPC, "No space left on device"))
+    stub._ckpt_root = lambda: str(root)
+    stub._disk_full = RayPPOTrainer._disk_full.__get__(stub)
+    with pytest.raises(DiskFullError) as e:
+        RayPPOTrainer.save_checkpoint(stub)
+    msg = str(e.value)
+    assert msg.startswith(f"disk full while saving the checkpoint of step 7 to {ckpt.step_dir(str(root), 7)}: "
+                          f"it needs about ") and " are free on that disk. Fix: " in msg, msg
+    assert ckpt.list_steps(str(root)) == []  # nothing marked complete
+    other = _Stub(cfg, make_plan(cfg), ValueError("not a disk"))
+    other._ckpt_root, other._disk_full = stub._ckpt_root, RayPPOTrainer._disk_full.__get__(other)
+    with pytest.raises(Exception) as e:
+        RayPPOTrainer.save_checkpoint(other)
+    assert not isinstance(e.value, DiskFullError)  # other failures are not called a full disk
+
+    # the command's end: exit 1, the line last, with the checkpoint note
+    monkeypatch.setattr(preflight, "preflight", lambda cfg, plan=None: None)
+
+    def run(cfg, plan, inputs):
+        raise DiskFullError(msg)
+    monkeypatch.setattr(launch, "run", run)
+    code = cli.main(["--config-name", "quickstart", f"trainer.default_local_dir={root}", "trainer.save_freq=1",
+                     "trainer.logger=console"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1] == f"rlx: training stopped: {msg} No checkpoint was saved (trainer.save_freq).", err
+
+
+@pytest.mark.e2e
+def test_a_sigkilled_worker_ends_the_run_with_one_line(tmp_path):
+    """Before: exit 1 with a 49-line Ray traceback, no `rlx:` line, no role or rank, no word of the checkpoint."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from conftest import REPO
+    from rlx import checkpoint as ckpt
+
+    root = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlx.trainer.main_ppo", "--config-name", "quickstart", "trainer.total_training_steps=100",
+         "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.val_before_train=False", "trainer.logger=console",
+         f"trainer.default_local_dir={root}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step:2 "):
+                break
+        assert proc.poll() is None, proc.stderr.read()
+        workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if p.cmdline() and p.cmdline()[0].startswith("ray::ActorRolloutRefWorker")]
+        assert len(workers) == 2, workers
+        victim = workers[1]
+        victim.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 1, err[-3000:]
+    assert last.startswith("rlx: training stopped at step ") and "a worker died: actor_rollout_ref rank " in last, \
+        err[-3000:]
+    assert f"(pid {victim.pid})" in last and " on node " in last and "its log: " in last
+    steps = ckpt.list_steps(str(root))
+    assert steps and f"The last complete checkpoint, {ckpt.step_dir(str(root), steps[-1])}, is kept" in last
