@@ -11,6 +11,7 @@ verl does), `FOLLOWS` (refused unless equal to the key it mirrors), `NO_OP_BY_DE
 from __future__ import annotations
 from rlx.config.verl_compat import NO_OP_BY_DESIGN
 from unit.test_config_keys import LEAVES, LISTS, interpolated_into
+from unit.test_config_keys import reads  # noqa: F401 -- fixtures
 
 
 def test_every_leaf_key_is_read_or_refused(reads):

@@ -18,6 +18,7 @@ import pytest
 from rlx.models import build_byte_tokenizer
 from rlx.reward.manager import RewardFunctionError, RewardManager
 from unit.test_faults_reward_data import _batch, _fn
+from unit.test_faults_reward_data import reward_file  # noqa: F401 -- fixtures
 
 
 # ---- the pool (these start processes) -------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 from rlx.workers.rollout.agent import tool_procs
 from rlx.workers.rollout.agent.tools import call_tool
 from unit.test_faults_tools_fatal import _Stub, alive, by_name, run
+from unit.test_faults_tools_fatal import tools  # noqa: F401 -- fixtures
 
 
 @pytest.mark.e2e

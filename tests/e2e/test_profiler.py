@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pytest
 from unit.test_profiler import TORCH_MEMORY_CHILD, annotations, trace_events
+from unit.test_profiler import profiled_run  # noqa: F401 -- fixtures
 
 
 def test_traces_of_the_listed_steps_ranks_and_roles(profiled_run):

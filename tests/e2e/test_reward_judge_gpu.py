@@ -16,7 +16,7 @@ import torch
 
 from conftest import REPO
 from rlx.reward.judge import parse_score
-from e2e.test_vllm_gpu import RECIPE_STEPS  # noqa: F401 (fixtures)
+from e2e.test_vllm_gpu import RECIPE_STEPS, gsm8k, random_0_5b  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import pytest
 from conftest import REPO
+from unit.test_sft_tool_format import warmed  # noqa: F401 -- fixtures
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 

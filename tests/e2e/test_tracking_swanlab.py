@@ -16,6 +16,7 @@ import yaml
 from conftest import REPO, load_config
 from unit.test_tracking_wandb import apply_env
 from unit.test_tracking_swanlab import KEY, ONLINE_CHILD, isolated_env, needs_swanlab, offline_run_dir, records
+from unit.test_tracking_swanlab import listener  # noqa: F401 -- fixtures
 
 
 @needs_swanlab

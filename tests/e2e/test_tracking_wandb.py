@@ -24,6 +24,7 @@ from unit.test_tracking_wandb import (
     offline_run_dir,
     run_record,
 )
+from unit.test_tracking_wandb import listener  # noqa: F401 -- fixtures
 
 
 def test_no_key_logs_offline_into_the_runs_folder(tmp_path, monkeypatch, capfd, listener):

@@ -12,6 +12,7 @@ pytest.importorskip("triton")
 from unit.test_triton_head import (  # noqa: F401 -- helpers and fixtures shared with the unit tests
     CPU,
     _actor_worker,
+    interpret,
     _inputs,
     _peak,
     _run,

@@ -6,6 +6,7 @@ import torch
 from rlx.protocol import Batch
 from rlx.workers.rollout.vllm_rollout import SLEEP_TAGS
 from unit.test_vllm_cuda_path import FakeLLM, _rollout
+from unit.test_vllm_cuda_path import rollout  # noqa: F401 -- fixtures
 
 
 def test_cuda_engine_args_tp_groups_share_a_seed():

@@ -5,6 +5,7 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import torch  # noqa: E402
 from e2e.test_vllm_rollout import P, R, EOS, PAD, PROMPTS, left_padded, prompt_batch, rollout_cfg  # noqa: E402
+from unit.test_vllm_tied import tied_llama  # noqa: F401 -- fixtures
 
 
 def test_tied_model_synced_into_a_dummy_engine_generates_like_hf(tied_llama):
