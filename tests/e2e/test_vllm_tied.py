@@ -2,16 +2,22 @@
 from dummy weights (verl's dummy load format) and the actor's parameters, which name the shared tensor once
 (``model.embed_tokens.weight``), must make it generate what HF generates."""
 import os
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
 import torch  # noqa: E402
+
 from e2e.test_vllm_rollout import P, R, EOS, PAD, PROMPTS, left_padded, prompt_batch, rollout_cfg  # noqa: E402
 from unit.test_vllm_tied import tied_llama  # noqa: F401 -- fixtures
 
 
 def test_tied_model_synced_into_a_dummy_engine_generates_like_hf(tied_llama):
+    import torch.distributed as dist
+
     from rlx.workers.rollout import build_rollout
 
     path, model, tok = tied_llama
+    had_group = dist.is_initialized()
     assert tok.pad_token_id == PAD and tok.eos_token_id == EOS
     names = [n for n, _ in model.named_parameters()]
     assert "lm_head.weight" not in names  # what the actor's weight iterator yields for a tied model
@@ -28,3 +34,5 @@ def test_tied_model_synced_into_a_dummy_engine_generates_like_hf(tied_llama):
         assert torch.equal(out["responses"], hf), f"vLLM {out['responses'].tolist()}\nHF   {hf.tolist()}"
     finally:
         rollout.shutdown()
+        if dist.is_initialized() and not had_group:  # the engine's own one-rank group (external launcher)
+            dist.destroy_process_group()
