@@ -8,7 +8,7 @@ prefers on Hopper) builds and caches an execution graph per shape, a millisecond
 batch of varied lengths runs CPU-bound with the GPU idle: 5-10x slower log-probs and updates on an H100. vLLM turns
 that backend off process-wide when it is imported, so only a trainer without a vLLM engine in its process (the
 rollout on GPUs of its own) met it. The packed path therefore asks for Flash, memory-efficient or math attention
-(`PACKED_SDPA_BACKENDS`), never cuDNN.
+(`packed_sdpa_backends`), never cuDNN.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ The rollout pool generates while the trainer pool trains. Two threads of the dri
   workers and scores them, and queues the batch. It starts batch j only while the rollout's weights are recent
   enough: at most `staleness` policy versions behind the trainer's when batch j trains (`admits`).
 - the trainer (the main thread: the colocated trainer's `fit` with this module's hooks) takes the batches in
-  order and runs the colocated trainer's update on each (old log-probs, ref, values, advantages, updates); every `sync_every` steps it sends the weights
-  to the rollout workers (`sync`), between two of their calls (`Gate`).
+  order and runs the colocated trainer's update on each (old log-probs, ref, values, advantages, updates); every
+  `sync_every` steps it sends the weights to the rollout workers (`sync`), between two of their calls (`Gate`).
 
 A policy version is the training step whose weights the rollout holds; a sample's lag is the number of syncs between
 the version of its oldest token and the trainer's weights. With staleness 0 the two threads take turns and the run

@@ -1,6 +1,5 @@
-"""The agent-loop rollout (rollout.mode=async) on CPU with the HF engine: async single turn = sync, the hermes
-parser on malformed calls, tools that fail or hang, the tool turn's tokens and masks, no gradient through tool
-tokens, the GSM8K tool, and a multi-turn GRPO run through the entry point."""
+"""End-to-end half of tests/unit/test_agent_loop.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 import asyncio
 import json
 import os

@@ -1,6 +1,5 @@
-"""Rollout on its own pool, overlapped with training (actor_rollout_ref.hybrid_engine=False; rlx.trainer.async_trainer):
-the config's rules, the plan's pools, the staleness bound, partial rollout's version tags, and on real Ray workers
-(2 CPU processes in 2 pools, the HF engine) the on-policy run equal to the colocated run, loss for loss."""
+"""End-to-end half of tests/unit/test_async_training.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import pytest
 from unit.test_async_training import (  # noqa: F401 -- helpers and fixtures shared with the unit tests

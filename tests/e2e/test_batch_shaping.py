@@ -1,11 +1,5 @@
-"""Batch shaping and the long-response head at the engine level (real FSDP1/FSDP2 over gloo, two ranks):
-
-* remove padding: log-probs, entropy, values and one update's gradients equal the padded path (fp32, 1e-5);
-* micro-batch splits (even, uneven, dynamic by token budget): gradients equal the one-micro-batch gradient (1e-6)
-  for every loss_agg_mode (verl's five), actor and critic, with activation offload off and on;
-* the fused (chunked) head: log-probs, entropy and gradients equal the full-logits head (1e-5), temperature != 1,
-  chunks smaller and larger than the response.
-"""
+"""End-to-end half of tests/unit/test_batch_shaping.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import os
 import pytest

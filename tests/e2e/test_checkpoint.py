@@ -1,4 +1,5 @@
-"""Checkpoints: exact resume of FSDP1/FSDP2 actor engines over 2-rank gloo, HF export, crash safety, rotation."""
+"""End-to-end half of tests/unit/test_checkpoint.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")

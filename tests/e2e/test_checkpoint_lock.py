@@ -1,4 +1,5 @@
-"""One run per checkpoint folder: the lock file in trainer.default_local_dir."""
+"""End-to-end half of tests/unit/test_checkpoint_lock.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import json
 import os

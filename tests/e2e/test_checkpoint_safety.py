@@ -1,4 +1,5 @@
-"""Loading a checkpoint never runs code: `extra_rank{r}.pt` loads with `torch.load(weights_only=True)`."""
+"""End-to-end half of tests/unit/test_checkpoint_safety.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import pytest
 import torch

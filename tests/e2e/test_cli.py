@@ -1,4 +1,5 @@
-"""The entry point's command line behaves like a Hydra app's: --cfg, --help, one-line errors for bad overrides."""
+"""End-to-end half of tests/unit/test_cli.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 import subprocess
 import sys
 import yaml

@@ -1,4 +1,5 @@
-"""Config: YAML == typed schema, strict keys with suggestions, and one test per validation rule."""
+"""End-to-end half of tests/unit/test_config.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested."""
 from conftest import load_config  # the quickstart job's config
 
 

@@ -1,13 +1,5 @@
-"""Every leaf key of the schema does what it says or is refused (the README's promise: a verl key rlx does not
-implement is an error, never a silent no-op).
-
-A key is accounted for when the code that runs a job reads it (recorded by tests/key_recording.py: a tiny job in
-one process with a config that records every field read, validation's own reads excluded), when its schema
-default interpolates into a key that is read (trainer.project_name -> trainer.default_local_dir), or when it is
-listed: `NOT_SUPPORTED` (refused unless default), `DEPRECATED` (turned into the per-GPU key that replaces it, as
-verl does), `FOLLOWS` (refused unless equal to the key it mirrors), `NO_OP_BY_DESIGN` (accepted, with the reason),
-`ALIASES` (verl 0.9.1's `reward.*` spelling of a legacy key, moved onto it at load).
-"""
+"""End-to-end half of tests/unit/test_config_keys.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 from rlx.config.verl_compat import NO_OP_BY_DESIGN
 from unit.test_config_keys import LEAVES, LISTS, interpolated_into

@@ -1,5 +1,5 @@
-"""GPU defaults resolved at config load (trainer.device=auto, mixed precision), device errors before Ray starts,
-where a local run's Ray comes from, and output paths of `ray job submit` jobs."""
+"""End-to-end half of tests/unit/test_device_defaults.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 import os
 import subprocess
 import sys

@@ -1,5 +1,5 @@
-"""DAPO's dynamic sampling (algorithm.filter_groups, data.gen_batch_size) and PF-PPO's resampling
-(algorithm.use_pf_ppo): the group filter, the rounds and the weights by hand, then GRPO runs through the trainer."""
+"""End-to-end half of tests/unit/test_dynamic_sampling.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 from conftest import fit_job
 from unit.test_dynamic_sampling import (  # noqa: F401 -- helpers and fixtures shared with the unit tests

@@ -1,16 +1,5 @@
-"""Issue 39's fault matrix, the rows of slow or failing rewards (and, below, of bad data): each test fails on the code
-before rlx.reward's scoring pool and the data checks, and passes after.
-
-| row | test |
-|---|---|
-| a reward function that sleeps 60 s per call: a silent hang, calls in series, no timeout | test_hung_call_is_killed_and_scores_the_timeout_score, test_calls_run_in_parallel, test_slow_scoring_logs_a_progress_line |
-| a reward function that raises on some rows: a raw 36-line traceback without sample or data_source | test_raising_function_is_one_line_naming_function_sample_and_source, test_raising_and_dying_functions_in_the_pool |
-| a chat message `content` given as bytes: trains on the repr, silently | test_message_content_that_is_not_text_is_refused_with_file_and_row |
-| a string column with invalid UTF-8: a bare codec error without file or row | test_invalid_utf8_names_the_file_column_and_row |
-| (item 7) a reward or tool file in a world-writable place | test_code_in_a_world_writable_place_is_loaded_with_a_warning |
-
-The tests that start the scoring processes are marked e2e (tests/markers.py); the rest run in this process.
-"""
+"""End-to-end half of tests/unit/test_faults_reward_data.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import logging
 import time

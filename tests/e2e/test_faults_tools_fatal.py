@@ -1,7 +1,5 @@
-"""Fault matrix (issue 39): tools that misbehave, and the faults that end a run. Each row is a test that failed
-before the change it names: sync function tools in killable worker processes (hung, runaway-printing,
-process-ending tools), one `rlx:` line for a dead worker, a full disk, and a preflight that refuses a disk too small
-for two checkpoints."""
+"""End-to-end half of tests/unit/test_faults_tools_fatal.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import logging
 import os

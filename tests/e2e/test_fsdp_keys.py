@@ -1,6 +1,5 @@
-"""verl's process-group and FSDP keys that rlx takes: `actor_rollout_ref.nccl_timeout` (the actor workers' process
-group timeout, a real gloo group here), `fsdp_config.strategy` (verl replaces it by the role's strategy: only its
-value is checked), `fsdp_config.use_orig_params` (FSDP1 bookkeeping, listed in NO_OP_BY_DESIGN)."""
+"""End-to-end half of tests/unit/test_fsdp_keys.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import torch
 from conftest import free_port

@@ -1,8 +1,5 @@
-"""GGUF -> HF directory (rlx.models.gguf) and the built-in pretrained model (builtin://smollm2-135m-instruct).
-
-The fast tests write a tiny llama GGUF file (2 layers, a byte-level BPE tokenizer and a chat template in its
-metadata) with gguf's own writer; the slow one converts the real SmolLM2 file when it is on this machine.
-"""
+"""End-to-end half of tests/unit/test_gguf.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import os
 import zipfile

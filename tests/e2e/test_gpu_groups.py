@@ -1,5 +1,5 @@
-"""tests/gpu_groups.py: every GPU test is in exactly one group, every group's entry names collected tests, and each
-group's estimate fits one run (scripts/gpu_suite.sh)."""
+"""End-to-end half of tests/unit/test_gpu_groups.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from gpu_groups import GROUPS, group_of, matches
 from unit.test_gpu_groups import (  # noqa: F401 -- helpers and fixtures shared with the unit tests
     _collected_gpu_tests,

@@ -1,12 +1,5 @@
-"""Hybrid sharding (verl's `fsdp_config.fsdp_size`) on 4 CPU ranks over gloo, FSDP1 and FSDP2 (fp32, the builtin
-tiny Qwen2).
-
-fsdp_size=2 is 2 replicas of 2 consecutive ranks: the model is sharded inside a replica (each rank holds 1/2 of a
-parameter, not 1/4) and the gradients are averaged over all 4 ranks. The same global batch, split over the same 4
-ranks, gives the actor's and the critic's outputs, losses and every parameter gradient of fsdp_size=-1; with
-Ulysses sp=2 on top (sequence-parallel pairs inside each replica) too. A checkpoint saved under hybrid sharding
-resumes exactly under it and loads into a fully sharded engine.
-"""
+"""End-to-end half of tests/unit/test_hsdp.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 from conftest import spawn_per_strategy
 from unit.test_hsdp import (  # noqa: F401 -- helpers and fixtures shared with the unit tests

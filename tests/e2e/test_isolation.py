@@ -1,4 +1,5 @@
-"""tests/isolation.py: what a test leaves behind fails that test, and is undone; library writes are left alone."""
+"""End-to-end half of tests/unit/test_isolation.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 import os
 import subprocess
 import sys

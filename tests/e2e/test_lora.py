@@ -1,5 +1,5 @@
-"""LoRA on the policy (model.lora_rank): the engine's training math, the ref with adapters off, merged weights,
-exports and exact resume, on FSDP1 and FSDP2 over 2-rank gloo with the built-in tiny model (float32)."""
+"""End-to-end half of tests/unit/test_lora.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")

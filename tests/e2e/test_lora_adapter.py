@@ -1,5 +1,5 @@
-"""actor_rollout_ref.model.lora_adapter_path: LoRA starts from a saved peft adapter (verl's key), on the built-in tiny
-model: the adapter's rank, alpha, targets and weights are taken; a mismatch is an error naming the key."""
+"""End-to-end half of tests/unit/test_lora_adapter.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -1,7 +1,5 @@
-"""CPU tests of rlx.offload: real FSDP1/FSDP2 over gloo on a tiny Qwen2, bitwise gradient checks.
-
-On CPU the offload machinery runs for real (pack/unpack, groups, host pool copies), only without streams.
-"""
+"""End-to-end half of tests/unit/test_offload.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import gc
 import os

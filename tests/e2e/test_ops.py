@@ -1,11 +1,5 @@
-"""CPU tests of rlx.ops: the chunked log-prob head against the full-logits path, and the token-tiled MLP against
-the untiled model (plain, checkpointed, with activation offload, under FSDP1/FSDP2 over gloo).
-
-Tiled MLP exactness: outputs and input gradients are row-wise, so they must be bit for bit equal. The MLP's
-parameter gradients are sums over tokens; they are bit for bit equal where this machine's BLAS sums a
-token-reduction GEMM in K-blocks of the tile size (`_blas_sums_in_tiles`, checked here with plain torch.mm, not
-with the code under test); elsewhere they must agree to float32 rounding.
-"""
+"""End-to-end half of tests/unit/test_ops.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import copy
 import os

@@ -1,9 +1,5 @@
-"""The job plan (rlx.plan): what `make_plan` resolves for the main kinds of job, and that nothing else re-decides it.
-
-The source checks parse every module under rlx/ with `ast` (nothing is imported): the engine names are compared only
-in rlx/plan.py and the rollout factory (rlx/workers/rollout/__init__.py), and each role predicate is written in
-rlx/plan.py only (rlx/config/ may still read the keys it validates).
-"""
+"""End-to-end half of tests/unit/test_plan.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import dataclasses
 import pytest

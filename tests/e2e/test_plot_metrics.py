@@ -1,5 +1,5 @@
-"""scripts/plot_metrics.py (a PNG of four panels from metrics.jsonl files) and scripts/val_summary.py (accuracy and
-format compliance per validation, from trainer.validation_data_dir's dumps)."""
+"""End-to-end half of tests/unit/test_plot_metrics.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import os
 import subprocess

@@ -1,5 +1,5 @@
-"""Preflight: data, model, reward and checkpoint problems are found on the driver before Ray starts, each reported
-with its key or file and the fix; the entry point exits 2 in seconds."""
+"""End-to-end half of tests/unit/test_preflight.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested."""
 import subprocess
 import sys
 import time

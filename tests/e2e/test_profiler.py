@@ -1,6 +1,5 @@
-"""The profiler (verl's `global_profiler` and per-role `profiler` keys) with torch's tools: which steps, which ranks,
-which roles, where the traces go; a real run writes chrome traces that are opened here. Other tools are refused by
-name before Ray starts."""
+"""End-to-end half of tests/unit/test_profiler.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import os
 import pytest

@@ -1,6 +1,5 @@
-"""scripts/run_*_tiny_cpu.sh, the CPU recipes a newcomer runs first: each one picks the project's interpreter (not a
-bare system python3, which lacks rlx's dependencies) and its command line passes `--check` (composition,
-validation and the preflight; no Ray, no training)."""
+"""End-to-end half of tests/unit/test_recipe_scripts.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import os
 import shutil

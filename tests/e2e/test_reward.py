@@ -1,4 +1,5 @@
-"""GSM8K reward, reward dispatch / custom reward loading, RewardManager, and scripts/prepare_gsm8k.py."""
+"""End-to-end half of tests/unit/test_reward.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import json
 import subprocess

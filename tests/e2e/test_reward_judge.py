@@ -1,6 +1,5 @@
-"""The generative reward model (`reward_model.judge.*`): the verdict parser on malformed outputs, the judging prompt,
-the judge generating with the HF engine on the built-in tiny model (its scores are what parsing its own greedy
-verdicts gives), validation, and GRPO scored by the judge through the entry point (2 CPU workers)."""
+"""End-to-end half of tests/unit/test_reward_judge.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import json
 import os

@@ -1,5 +1,5 @@
-"""Reward models (`reward_model.enable`): the score read at the last valid token, the reward model's own chat
-template, the token-level layout, and PPO scored by a reward model through Ray (2 CPU workers)."""
+"""End-to-end half of tests/unit/test_reward_model.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import pytest
 import torch

@@ -1,5 +1,5 @@
-"""algorithm.rollout_correction (verl's decoupled mode): importance weights, rejection masks and the metrics by
-hand on a small batch, the weighted policy loss, and a GRPO run with them through the trainer."""
+"""End-to-end half of tests/unit/test_rollout_correction.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested."""
 from __future__ import annotations
 import pytest
 from conftest import fit_job

@@ -1,7 +1,5 @@
-"""The rollout and memory keys (docs/rollout_memory.md): rollout.layered_summon (one FSDP unit gathered at a time,
-the same merged weights), model.use_shm / data.use_shm (loaded from a copy in shared memory), the unfused head's
-entropy_from_logits_with_chunking / entropy_checkpointing (the same values and gradients), and the config of the
-keys that are accepted without changing anything (multi_stage_wake_up, checkpoint_engine's bucket size)."""
+"""End-to-end half of tests/unit/test_rollout_memory.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")

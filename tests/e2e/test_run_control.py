@@ -1,4 +1,5 @@
-"""What ends a run: a reward that is not a finite number, optimizer steps skipped again and again, SIGTERM."""
+"""End-to-end half of tests/unit/test_run_control.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 import os
 import signal
 import subprocess

@@ -1,7 +1,5 @@
-"""scripts/sft_tool_format.py (the format warm start of the GSM8K tool recipe) on CPU: the loss mask is exactly
-the assistant's tokens of the tool agent's trajectory (hand-checked), a tiny random model learns to write a hermes
-call the parser accepts, and the recipe (scripts/run_grpo_gsm8k_tool.sh) run with the warmed model on CPU calls the
-tool through the HF async engine."""
+"""End-to-end half of tests/unit/test_sft_tool_format.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 import json
 import os
 import subprocess

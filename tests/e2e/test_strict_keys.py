@@ -1,5 +1,5 @@
-"""Keys that used to be accepted and ignored, or that misbehaved: one test each (the accounting of every key is
-tests/unit/test_config_keys.py)."""
+"""End-to-end half of tests/unit/test_strict_keys.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import pytest
 import torch

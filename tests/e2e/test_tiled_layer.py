@@ -1,13 +1,5 @@
-"""CPU tests of rlx.ops.tiled_layer: token-tiled decoder layers against the untiled HF model (transformers 5.x
-Qwen2 layers, float32): plain, with activation offload + checkpointing (the layers are their own checkpoint and
-only their inputs are offloaded), the critic's token classifier, packed rows (remove padding: position_ids
-restarting, per-sequence attention), bfloat16, FSDP1/FSDP2 over gloo; and the host pool sized before the first
-step.
-
-Exactness: logits/values and the gradient of the layers' input (the embeddings) bit for bit; every parameter
-outside the layers bit for bit (it sees the layers only through those); the layers' own parameter gradients are
-sums over tiles (so is the final norm's weight), equal up to float32 summation order (see tests/unit/test_ops.py on BLAS K-blocks).
-"""
+"""End-to-end half of tests/unit/test_tiled_layer.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import copy
 import os

@@ -1,11 +1,5 @@
-"""swanlab (`trainer.logger=[console,swanlab]`, used by verl's example scripts), the optional extra `rlx[swanlab]`:
-without an API key the run logs offline into its own folder and says so in one line, touching no network; with a key
-it logs online; without the package, validation names the logger and the install command before Ray starts.
-
-The network check is real: swanlab's API address (SWANLAB_API_HOST) and the HTTP(S) proxy variables point at a
-listener of the wandb tests, which records the connections it gets. The offline run is read back from its `.swanlab`
-file with swanlab's own reader and protobuf records.
-"""
+"""End-to-end half of tests/unit/test_tracking_swanlab.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import glob
 import os

@@ -1,10 +1,5 @@
-"""wandb out of the box (`trainer.logger=[console,wandb]`, verl's default): without an API key the run logs offline into
-its own folder and says so in one line, touching no network; with a key it logs online.
-
-The network check is real: W&B's API address (WANDB_BASE_URL) and the HTTP(S) proxy variables point at a listener
-of this test, which counts the connections it gets (zero offline; the online run's first request carries the key).
-The offline run is read back from its `.wandb` file (LevelDB-style log of wandb's protobuf records).
-"""
+"""End-to-end half of tests/unit/test_tracking_wandb.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import base64
 import glob

@@ -1,10 +1,5 @@
-"""The fused head's Triton backend (`fused_kernel_options.impl_backend=triton`, rlx.ops.triton_head) against a
-hand-computed case and against the torch backend of the same chunked head.
-
-Without CUDA the kernels run in Triton's interpreter (`TRITON_INTERPRET=1`, set here before the kernels are
-built): small float32 shapes, tight tolerances, on the CPU. With CUDA (`pytest -m gpu`) the compiled kernels run at
-a real model's sizes in bfloat16.
-"""
+"""End-to-end half of tests/unit/test_triton_head.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import pytest
 import torch

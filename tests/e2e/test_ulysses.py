@@ -1,12 +1,5 @@
-"""Ulysses sequence parallelism at the engine level (real FSDP1/FSDP2 over gloo; fp32; the builtin tiny Qwen2:
-4 attention heads, 2 KV heads).
-
-The same global batch runs at SP=1 (every rank its own rows) and at SP=sp (the ranks of a group share rows, each
-holds 1/sp of the packed row): log-probs, entropy, values, the loss and every parameter gradient agree within
-1e-5 relative, for the actor and the critic, plain and with offload + checkpointing + tiled MLP or tiled decoder
-layers + fused head, and dynamic batch size; at sp=4 the 2 KV heads are repeated. The batch's packed sequences
-have unequal lengths, one of them shorter than sp tokens. Also: per-rank saved activations at SP=2 are about half of SP=1's.
-"""
+"""End-to-end half of tests/unit/test_ulysses.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
 import pytest
 import torch

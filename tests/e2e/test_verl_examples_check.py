@@ -1,5 +1,5 @@
-"""scripts/verl_examples_check.py: verl-style launch scripts read without running them, the machine-bound values
-swapped, each command through `--check`, and the counts."""
+"""End-to-end half of tests/unit/test_verl_examples_check.py: its tests that start Ray or other processes, or need a
+GPU. That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 import json
 import os
 import sys

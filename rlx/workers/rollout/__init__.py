@@ -8,6 +8,8 @@ resolves the name): nothing else compares engine names.
 """
 from __future__ import annotations
 
+import itertools
+
 from rlx.config.device import VLLM_INSTALL_HINT, vllm_available
 from rlx.config.schema import RolloutConfig
 
@@ -121,8 +123,8 @@ def generate_row_groups(engine: str, rollout, groups: list[tuple]) -> list[list[
             ids = list(s.token_ids)
             lps = [float(s.logprobs[t][tok].logprob) for t, tok in enumerate(ids)] if s.logprobs else None
             result.append((ids, lps))
-        starts = [sum(sizes[:k]) for k in range(len(sizes))]
-        return [result[a:a + n] for a, n in zip(starts, sizes)]
+        ends = list(itertools.accumulate(sizes))
+        return [result[end - n:end] for end, n in zip(ends, sizes)]
     import torch
 
     results = []
