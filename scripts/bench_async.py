@@ -210,7 +210,7 @@ def main() -> int:
     elif not a.table and (not torch.cuda.is_available() or torch.cuda.device_count() < a.gpus):
         print(f"bench_async: needs {a.gpus} CUDA GPUs (--smoke checks the script on CPU)", file=sys.stderr)
         return 2
-    if a.job == "smollm2" and not a.data_dir:
+    if a.job == "smollm2" and not a.data_dir and not a.table:
         print("bench_async: --job smollm2 needs --data-dir (scripts/prepare_gsm8k.py --prompt-style short)",
               file=sys.stderr)
         return 2

@@ -52,6 +52,11 @@ class RolloutWorker(Worker):
         self.version = -1  # no weights from the trainer yet
         self.transfer = None
         self.partials: dict[int, _Partial] = {}  # batches being generated in segments (partial rollout), by key
+        self.stream = None  # vLLM: the open batches' responses, live in the engine between calls (VLLMStream)
+        if self.plan.rollout.engine == "vllm" and self.agent is None:
+            from rlx.workers.rollout.stream import VLLMStream
+
+            self.stream = VLLMStream(self.rollout, calculate_log_probs=True)
 
     def open_weight_transfer(self, host: str, port: int, world_size: int) -> None:
         from rlx.workers.weight_transfer import WeightTransfer
@@ -63,6 +68,8 @@ class RolloutWorker(Worker):
         """Load the trainer's weights as they arrive; from now on tokens carry `version`."""
         m: dict = {}
         with self.measured("sync", m, "rollout/receive_weights"):
+            if self.stream is not None:
+                self.stream.pause()  # in-flight responses go on with the new weights at the next advance
             self.rollout.sync_weights(self.transfer.receive(info))
         self.version = int(version)
         return m
@@ -75,6 +82,8 @@ class RolloutWorker(Worker):
         m: dict = {}
         prompts.meta = dict(prompts.meta, seed=rank_seed(self.plan.rollout.engine, int(prompts.meta.get("seed", 0)),
                                                          self.rank))
+        if self.stream is not None:
+            self.stream.pause()  # open partial batches wait (they go on at the next advance)
         with self.measured("generate", m, "rollout/generate"):
             out = (self.agent if self.agent is not None else self.rollout).generate_sequences(prompts)
         m.update(out.meta.pop("agent_metrics", {}))
@@ -88,14 +97,22 @@ class RolloutWorker(Worker):
     def begin(self, prompts: Batch, key: int = 0) -> Batch:
         """Take this rank's share of batch `key` (each prompt repeated n times); nothing is generated yet. Several
         batches may be open at once: each `advance` moves all of them."""
-        self.partials[key] = _Partial(prompts, self.cfg.data.max_response_length)
+        self.partials[key] = _Partial(prompts, self.cfg.data.max_response_length, key)
+        if self.stream is not None:
+            self.stream.add(self.partials[key], list(range(len(self.partials[key].ids))))
         return Batch({"rows": torch.zeros(len(self.partials[key].ids), dtype=torch.long)})
 
     def advance(self, segment: int) -> dict[int, int]:
         """Generate at most `segment` more tokens of each unfinished response of every open batch with the current
         weights, in one engine call (the engine batches them together, so a batch's long tail shares the GPU with
-        the next batch's start); returns how many responses of each batch are still unfinished."""
+        the next batch's start); returns how many responses of each batch are still unfinished. On vLLM the
+        responses stay live in the engine between calls (continuous batching, `VLLMStream`): this runs its loop
+        for `segment` steps."""
         from rlx.workers.rollout import generate_row_groups
+
+        if self.stream is not None:
+            self.stream.advance(segment, self.version)
+            return {key: sum(1 for done in p.done if not done) for key, p in self.partials.items()}
 
         groups, parts = [], []
         for p in self.partials.values():
@@ -126,9 +143,9 @@ class RolloutWorker(Worker):
 class _Partial:
     """One rank's share of a batch being generated in segments: each response's tokens, log-probs and versions."""
 
-    def __init__(self, prompts: Batch, max_len: int):
+    def __init__(self, prompts: Batch, max_len: int, key: int = 0):
         n = int(prompts.meta.get("n", 1))
-        self.meta, self.max_len, self.segments = dict(prompts.meta), max_len, 0
+        self.meta, self.max_len, self.segments, self.key = dict(prompts.meta), max_len, 0, key
         self.prompt_ids = prompts["input_ids"].repeat_interleave(n, 0)
         self.prompt_mask = prompts["attention_mask"].repeat_interleave(n, 0)
         self.ids = [row[m.bool()].tolist() for row, m in zip(self.prompt_ids, self.prompt_mask)]
@@ -144,6 +161,12 @@ class _Partial:
         self.versions[i] += [version] * len(ids)
         ended = len(ids) < budget or (ids and ids[-1] in eos) or len(self.tokens[i]) >= self.max_len
         self.done[i] = bool(ended)
+
+    def extend(self, i: int, ids: list[int], lps, version: int) -> None:
+        """Response i's next tokens (and log-probs), made by weights `version` (its end is marked by the caller)."""
+        self.tokens[i] += ids
+        self.lps[i] += list(lps) if lps is not None else [0.0] * len(ids)
+        self.versions[i] += [version] * len(ids)
 
     def batch(self, pad_token_id: int, eos: list[int], rollout) -> Batch:
         from rlx.workers.rollout.base import assemble_output

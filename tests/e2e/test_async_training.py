@@ -39,11 +39,17 @@ def test_one_step_off_trains_on_samples_one_version_old(ray_local, tmp_path):
 
 
 @pytest.mark.e2e
-def test_partial_rollout_generates_admitted_batches_together(ray_local, tmp_path):
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_partial_rollout_generates_admitted_batches_together(ray_local, tmp_path, engine):
     """Fully async with partial rollout (staleness 2, segments of 4 tokens): the next batches start while one is
     still generating (the rollout workers advance them in the same calls), and no sample lags more than the bound.
-    (The versions of a response that spans a sync: test_partial_rollout_tags_each_token_with_its_version.)"""
-    hist = _fit(COMMON + ["actor_rollout_ref.hybrid_engine=False", "rollout.n_gpus_per_node=1",
+    On vLLM the responses stay live in the engine between calls (continuous batching) and a sync pauses and resumes
+    them. (The versions of a response that spans a sync: test_partial_rollout_tags_each_token_with_its_version and
+    test_vllm_rollout.py::test_stream_keeps_requests_live_and_resumes_after_a_sync.)"""
+    if engine == "vllm":
+        pytest.importorskip("vllm")
+    hist = _fit(COMMON + [f"actor_rollout_ref.rollout.name={engine}",
+                          "actor_rollout_ref.hybrid_engine=False", "rollout.n_gpus_per_node=1",
                           "trainer.total_training_steps=4", "async_training.staleness_threshold=2",
                           "async_training.partial_rollout=True", "async_training.partial_rollout_segment=4"],
                 tmp_path, async_=True)

@@ -419,3 +419,43 @@ def test_row_groups_share_one_engine_call(state):
     for (_, budgets, _, _), got in zip((first, second), together):
         assert all(0 < len(tokens) <= b and lps is not None and len(lps) == len(tokens)
                    for (tokens, lps), b in zip(got, budgets))
+
+
+def test_stream_keeps_requests_live_and_resumes_after_a_sync(state):
+    """Partial rollout on vLLM (`VLLMStream`): responses stay live in the engine between `advance` calls, a batch
+    added later joins the running one, and without a sync a sampled response is the sync path's (same seed per
+    row). A sync pauses the live requests; they go on after it from the tokens they had (greedy: the same tokens
+    as uninterrupted), the tokens after it tagged with the new version."""
+    from rlx.workers.rollout.stream import VLLMStream
+    from rlx.workers.rollout_worker import VERSIONS, _Partial
+
+    stream = VLLMStream(state.rollout, calculate_log_probs=True)
+    sampled = _Partial(prompt_batch(state.ids, state.mask, **state.meta), R, key=0)
+    stream.add(sampled, list(range(len(sampled.ids))))
+    stream.advance(2, version=0)
+    assert all(len(t) == 2 for t in sampled.tokens) and len(stream.live) == len(sampled.ids)
+    greedy = _Partial(prompt_batch(state.ids, state.mask, n=1, do_sample=False), R, key=1)
+    stream.add(greedy, list(range(len(greedy.ids))))
+    stream.advance(1, version=0)  # both batches move in the same engine step
+    assert all(len(t) == 3 for t in sampled.tokens) and all(len(t) == 1 for t in greedy.tokens)
+    while not all(sampled.done):
+        stream.advance(3, version=0)
+    out = sampled.batch(PAD, [EOS], state.rollout)
+    assert torch.equal(out["responses"], state.fresh["responses"])  # the sync path's seeds, per row
+    diff = rollout_probs_diff(out["rollout_log_probs"], actor_log_probs(state.actor, out, TEMPERATURE),
+                              out["response_mask"])
+    assert diff["training/rollout_probs_diff_mean"] < 1e-3, diff
+
+    before = [len(t) for t in greedy.tokens]
+    stream.pause()
+    assert not stream.live and len(stream.paused) == len(greedy.ids)
+    state.rollout.sync_weights(iter_full_params(state.actor))  # the prefix cache is reset: no request holds it
+    while not all(greedy.done):
+        stream.advance(4, version=1)
+    whole = state.rollout.generate_sequences(prompt_batch(state.ids, state.mask, n=1, do_sample=False))
+    got = greedy.batch(PAD, [EOS], state.rollout)
+    assert torch.equal(got["responses"], whole["responses"])
+    mask = got["response_mask"].bool()
+    for row, k in enumerate(before):
+        versions = got[VERSIONS][row][mask[row]].tolist()
+        assert versions == [0] * k + [1] * (len(versions) - k), versions
