@@ -459,3 +459,24 @@ def test_stream_keeps_requests_live_and_resumes_after_a_sync(state):
     for row, k in enumerate(before):
         versions = got[VERSIONS][row][mask[row]].tolist()
         assert versions == [0] * k + [1] * (len(versions) - k), versions
+
+
+def test_seed_each_sample_off_leaves_sampling_to_the_engine(state):
+    """rollout.seed_each_sample=False: no request carries a seed (vLLM samples seeded requests one by one, which
+    costs time); the engine's own seed draws them, and the responses still follow the contract."""
+    import dataclasses
+
+    cfg = state.rollout.cfg
+    seeded, *_ = state.rollout._sampling_params(dict(state.meta), 2)
+    assert [p.seed for p in seeded] == [7, 7 + 2]
+    assert state.rollout.request_params(dict(state.meta, n=1), 5, row=3).seed == 7 + 3
+    state.rollout.cfg = dataclasses.replace(cfg, seed_each_sample=False)
+    try:
+        unseeded, *_ = state.rollout._sampling_params(dict(state.meta), 2)
+        assert [p.seed for p in unseeded] == [None, None]
+        assert state.rollout.request_params(dict(state.meta, n=1), 5, row=3).seed is None
+        out = state.rollout.generate_sequences(prompt_batch(state.ids, state.mask, **state.meta))
+        assert out["responses"].shape == state.fresh["responses"].shape
+        assert torch.equal(out["attention_mask"][:, P:], out["response_mask"])
+    finally:
+        state.rollout.cfg = cfg

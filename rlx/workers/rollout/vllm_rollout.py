@@ -390,7 +390,7 @@ class VLLMRollout:
         n = int(meta.get("n", cfg.n))
         top_k = int(meta.get("top_k", cfg.top_k))
         top_p = float(meta.get("top_p", cfg.top_p))
-        seed = meta.get("seed", None)
+        seed = meta.get("seed", None) if cfg.seed_each_sample else None
         calc_lp = bool(meta.get("calculate_log_probs", self.calculate_log_probs))
         eos = list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
         # ignore_eos: exactly max_tokens tokens, EOS included (and no EOS among the stop tokens)
@@ -415,7 +415,7 @@ class VLLMRollout:
         params, _, greedy, _ = self._sampling_params(dict(meta, n=1), 1)
         p = params[0].clone()
         p.max_tokens = int(max_tokens)
-        seed = meta.get("seed", None)
+        seed = meta.get("seed", None) if self.cfg.seed_each_sample else None
         if not greedy and seed is not None:
             p.seed = int(seed) + 1_000_003 * self.dp_rank + int(row)
         return p
