@@ -10,8 +10,9 @@ Modes (--modes, comma-separated, run in this order):
   sync    colocated (verl's hybrid engine): both GPUs generate, then both train (trainer.n_gpus_per_node=2)
   on0     rollout on GPU 1, trainer on GPU 0, staleness 0 (they take turns: the colocated run's math)
   off1    the same pools, staleness 1: verl's one-step-off (batch k+1 generated while batch k trains)
-  async1  the same pools, staleness 1 with partial rollout (segments of 512 tokens): every admitted batch starts at
-          once and the rollout advances them together, so the next batch fills the engine during a batch's long tail
+  async1  the same pools, staleness 1 with partial rollout (segments of an eighth of --response: 512 steps for 4,096
+          tokens; a sync waits for the segment in flight): every admitted batch starts at once and the rollout
+          advances them together, so the next batch fills the engine during a batch's long tail
   async2  the same, staleness 2
 
 Jobs (--job):
@@ -53,9 +54,9 @@ MODES = {
     "on0": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=0"],
     "off1": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=1"],
     "async1": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=1",
-               "async_training.partial_rollout=True", "async_training.partial_rollout_segment=512"],
+               "async_training.partial_rollout=True"],
     "async2": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=2",
-               "async_training.partial_rollout=True", "async_training.partial_rollout_segment=512"],
+               "async_training.partial_rollout=True"],
 }
 
 
@@ -154,6 +155,7 @@ def row(mode: str, history: list[dict], base: dict | None) -> dict:
          "rollout idle": mean_after_first(history, "async/rollout_idle_ratio"),
          "sync s": mean_after_first(history, "timing_s/sync_weights") or mean_after_first(history,
                                                                                         "timing_s/rollout/sync"),
+         "wait sync s": mean_after_first(history, "timing_s/wait_sync"),
          "staleness": mean_after_first(history, "async/staleness_mean"),
          "resp len mean": mean_after_first(history, "response_length/mean"),
          "resp len max": max(m["response_length/max"] for m in history),
@@ -164,7 +166,7 @@ def row(mode: str, history: list[dict], base: dict | None) -> dict:
 
 
 COLUMNS = ["mode", "s/step", "tokens/s", "speed-up", "gen s", "train s", "worker lp+upd s", "trainer idle", "rollout idle", "sync s",
-           "staleness", "resp len mean", "resp len max", "score first", "score last 5", "score last 5 sd"]
+           "wait sync s", "staleness", "resp len mean", "resp len max", "score first", "score last 5", "score last 5 sd"]
 
 
 def table(rows: list[dict]) -> str:
@@ -230,7 +232,8 @@ def main() -> int:
     histories, walls, rows = {}, {}, []
     for mode in ([] if a.table else a.modes.split(",")):
         print(f"\n=== {mode} ===", flush=True)
-        keys = job + MODES[mode] + pools(mode, a.gpus) + [
+        segment = [f"async_training.partial_rollout_segment={max(32, a.response // 8)}"] if "async" in mode else []
+        keys = job + MODES[mode] + segment + pools(mode, a.gpus) + [
             f"trainer.device={'cpu' if a.smoke else 'cuda'}", "trainer.nnodes=1",
             f"trainer.total_training_steps={a.steps}", "trainer.save_freq=-1", "trainer.logger=[console,file]",
             f"trainer.default_local_dir={os.path.join(out, mode)}"] + a.set

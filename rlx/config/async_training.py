@@ -56,7 +56,9 @@ class AsyncTrainingConfig:
     each token is tagged with the policy version that produced it (async/partial_samples). Generation runs in
     segments of partial_rollout_segment tokens: the points where a sync may come."""
     partial_rollout_segment: int = 256
-    """rlx: tokens per generation segment with partial_rollout (smaller: syncs wait less, more prefill)."""
+    """rlx: tokens per generation segment with partial_rollout, a sync waits for the segment in flight (on vLLM:
+    engine steps between two points where a sync may come, the requests staying live; on hf: one generate call
+    per segment, so smaller also means more prefill)."""
     bucket_mb: int = 256
     """rlx: the weight transfer's bucket size in MB (the trainer's rank 0 broadcasts one bucket at a time)."""
     use_rollout_log_probs: bool = False

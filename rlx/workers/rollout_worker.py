@@ -4,9 +4,10 @@ HF) per rank of the `rollout` pool, fed new weights from the trainer pool over t
 
 Each rank knows the policy version its weights come from (the training step of the last sync) and tags every token
 it generates with it (`rollout_token_versions`). With partial rollout the rank keeps its share of each open batch
-between calls and generates them in segments, all open batches in one engine call (`begin`, `advance`, `collect`;
-the driver's `SegmentPump`): a weight sync between two segments changes the weights mid-response, and the tags say
-which tokens came from which version.
+between calls and generates them in segments, all open batches together (`begin`, `advance`, `collect`; the
+driver's `SegmentPump`): on vLLM its responses stay live requests in the engine (`VLLMStream`), on hf each segment is
+one generate call. A weight sync between two segments changes the weights mid-response, and the tags say which
+tokens came from which version.
 """
 from __future__ import annotations
 
