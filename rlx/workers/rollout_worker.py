@@ -30,6 +30,7 @@ VERSIONS = "rollout_token_versions"
 
 class RolloutWorker(Worker):
     NAME = "rollout"
+    stream = None  # partial rollout's live requests on vLLM (set by init_model)
 
     def profiler_roles(self) -> dict:
         return {"rollout": self.cfg.actor_rollout_ref.rollout.profiler}
@@ -46,18 +47,15 @@ class RolloutWorker(Worker):
         own = dataclasses.replace(r, calculate_log_probs=True, free_cache_engine=False)
         self.rollout, self.tokenizer = build_rank_engine(self.cfg, self.plan.rollout.engine, self.device, self.rank,
                                                          self.world_size, rollout_cfg=own)
-        from rlx.workers.rollout import build_agent_rollout
+        from rlx.workers.rollout import build_agent_rollout, build_stream
 
         # multi-turn (the agent loop) runs here too; its trajectories come back whole, each tagged with this version
         self.agent = build_agent_rollout(self.cfg, self.plan, self.rollout, self.tokenizer)
         self.version = -1  # no weights from the trainer yet
         self.transfer = None
         self.partials: dict[int, _Partial] = {}  # batches being generated in segments (partial rollout), by key
-        self.stream = None  # vLLM: the open batches' responses, live in the engine between calls (VLLMStream)
-        if self.plan.rollout.engine == "vllm" and self.agent is None:
-            from rlx.workers.rollout.stream import VLLMStream
-
-            self.stream = VLLMStream(self.rollout, calculate_log_probs=True)
+        # vLLM: the open batches' responses, live in the engine between calls (VLLMStream); None on hf
+        self.stream = None if self.agent is not None else build_stream(self.plan.rollout.engine, self.rollout)
 
     def open_weight_transfer(self, host: str, port: int, world_size: int) -> None:
         from rlx.workers.weight_transfer import WeightTransfer

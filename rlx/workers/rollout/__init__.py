@@ -135,6 +135,16 @@ def generate_row_groups(engine: str, rollout, groups: list[tuple]) -> list[list[
     return results
 
 
+def build_stream(engine: str, rollout):
+    """Partial rollout's responses kept live in the engine between segments (`VLLMStream`, continuous batching) on
+    vLLM; None on hf, whose segments are generate calls (`generate_row_groups`)."""
+    if engine != "vllm":
+        return None
+    from rlx.workers.rollout.stream import VLLMStream
+
+    return VLLMStream(rollout, calculate_log_probs=True)
+
+
 def rank_seed(engine: str, seed: int, rank: int) -> int:
     """The sampling seed rank `rank` hands its engine for the driver's `seed`: hf gets one per rank (each rank
     samples its own responses); vLLM derives per-data-parallel-rank seeds itself (tensor-parallel aware)."""
