@@ -344,8 +344,10 @@ class VLLMRollout:
             named_params = with_tied_head(named_params)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_params),
                                                           "is_checkpoint_format": True})
-        # cached prefixes hold KV computed with the old weights
-        self.llm.reset_prefix_cache()
+        # cached prefixes hold KV computed with the old weights (vLLM may refuse while requests run: partial
+        # rollout pauses its live requests before a sync)
+        reset = self.llm.reset_prefix_cache()
+        assert reset is not False, "vLLM kept its prefix cache: requests were running during the weight sync"
         logger.debug("vLLM weight sync took %.2fs", time.perf_counter() - t0)
 
     def release(self) -> None:
