@@ -165,8 +165,9 @@ def row(mode: str, history: list[dict], base: dict | None) -> dict:
     return r
 
 
-COLUMNS = ["mode", "s/step", "tokens/s", "speed-up", "gen s", "train s", "worker lp+upd s", "trainer idle", "rollout idle", "sync s",
-           "wait sync s", "staleness", "resp len mean", "resp len max", "score first", "score last 5", "score last 5 sd"]
+COLUMNS = ["mode", "s/step", "tokens/s", "speed-up", "gen s", "train s", "worker lp+upd s", "trainer idle",
+           "rollout idle", "sync s", "wait sync s", "staleness", "resp len mean", "resp len max", "score first",
+           "score last 5", "score last 5 sd"]
 
 
 def table(rows: list[dict]) -> str:

@@ -21,6 +21,8 @@ class _Live:
 
 
 class VLLMStream:
+    """One rank's live partial-rollout requests on its vLLM engine (`rollout.llm`), by request id."""
+
     def __init__(self, rollout, calculate_log_probs: bool):
         self.rollout, self.calc = rollout, calculate_log_probs
         self.engine = rollout.llm.llm_engine
