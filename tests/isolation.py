@@ -1,7 +1,8 @@
 """Each GPU or end-to-end test leaves the pytest process, and the GPUs, as it found them (autouse fixtures, imported
 by tests/conftest.py).
 
-Checked after every test marked `gpu` or `slow`, or using the session's Ray (fixture `ray_local`):
+Checked after every end-to-end test (tests/e2e, or marked `gpu` or `slow`), or using the session's Ray (fixture
+`ray_local`):
 * os.environ is unchanged: a variable that rlx or a test set or removed is put back, and the test fails naming it.
   Variables a library sets for itself (Ray's RAY_CLIENT_MODE on import, vLLM's on import, torch's inductor cache
   folder) are left alone: every write to os.environ is attributed to the file that made it;
@@ -140,9 +141,9 @@ def ray_up() -> bool:
 
 def ray_taken() -> dict[str, float]:
     """CPUs and GPUs of the running Ray taken now (by actors or placement groups)."""
-    import ray
+    from ray._private import state  # what ray.cluster_resources re-exports: a test's monkeypatch of it is not seen
 
-    total, free = ray.cluster_resources(), ray.available_resources()
+    total, free = state.cluster_resources(), state.available_resources()
     return {k: total.get(k, 0.0) - free.get(k, 0.0) for k in ("CPU", "GPU")}
 
 
@@ -266,8 +267,9 @@ class Snapshot:
 
 
 def checked(item) -> bool:
-    """Whether the checks apply to a test: marked gpu or slow (end-to-end), or using the session's Ray."""
-    return any(item.get_closest_marker(m) for m in ("gpu", "slow")) or "ray_local" in item.fixturenames
+    """Whether the checks apply to a test: an end-to-end one (tests/e2e, marked e2e at collection; or marked gpu or
+    slow), or one using the session's Ray."""
+    return any(item.get_closest_marker(m) for m in ("e2e", "gpu", "slow")) or "ray_local" in item.fixturenames
 
 
 def _shared_ray(session) -> bool:

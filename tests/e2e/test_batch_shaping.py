@@ -1,7 +1,6 @@
 """End-to-end half of tests/unit/test_batch_shaping.py: its tests that start Ray or other processes, or need a GPU.
 That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
-import os
 import pytest
 import torch
 from conftest import free_port as _free_port
@@ -12,7 +11,6 @@ from unit.test_batch_shaping import (  # noqa: F401 -- helpers and fixtures shar
 
 @pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
 def test_engines_shaping_and_fused_head_exact(strategy):
-    os.environ.setdefault("RLX_CACHE", os.path.expanduser("~/.cache/rlx"))
     from rlx.models import resolve_model_path
 
     resolve_model_path("builtin://tiny-qwen2")  # materialise once, before the ranks race for it

@@ -124,7 +124,6 @@ def _checkpoint(rank, strategy, root):
 
 
 def _materialise():
-    os.environ.setdefault("RLX_CACHE", os.path.expanduser("~/.cache/rlx"))
     from rlx.models import resolve_model_path
 
     resolve_model_path("builtin://tiny-qwen2")  # once, before the ranks race for it

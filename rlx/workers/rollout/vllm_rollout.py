@@ -144,6 +144,10 @@ def check_gpu_memory_budget(utilization: float, free_bytes: int, total_bytes: in
         f"param_offload=True, optimizer_offload=True).")
 
 
+_DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""The process's rendezvous variables a lone engine sets for vLLM (and puts back when it shuts down)."""
+
+
 class VLLMRollout:
     """Generate with an in-process vLLM engine; see the module docstring."""
 
@@ -185,28 +189,32 @@ class VLLMRollout:
         self._asleep: set[str] = set()  # the sleep-mode tags ("weights", "kv_cache") now released
 
         self._prepare_distributed_env()
-        import dataclasses
+        try:
+            import dataclasses
 
-        import vllm
-        from vllm import LLM
-        from vllm.engine.arg_utils import EngineArgs
+            import vllm
+            from vllm import LLM
+            from vllm.engine.arg_utils import EngineArgs
 
-        self.api = vllm_compat.api_for(vllm.__version__)  # what differs between the supported vLLM releases
-        _quiet_rotary_reload_warning()
+            self.api = vllm_compat.api_for(vllm.__version__)  # what differs between the supported vLLM releases
+            _quiet_rotary_reload_warning()
 
-        self._orig_set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it process-wide
-        engine_kwargs = dict(rollout_cfg.engine_kwargs or {})
-        if isinstance(engine_kwargs.get("vllm"), dict) or "vllm" in engine_kwargs:  # verl's layout: {vllm: {...}}
-            engine_kwargs = dict(engine_kwargs.get("vllm") or {})
-        accepted = {f.name for f in dataclasses.fields(EngineArgs)}
-        engine_kwargs = vllm_compat.check_engine_kwargs(engine_kwargs, accepted, vllm.__version__)
-        llm_kwargs = self._engine_args(engine_kwargs)
-        if device == "cuda":
-            free, total = torch.cuda.mem_get_info()
-            check_gpu_memory_budget(float(llm_kwargs["gpu_memory_utilization"]), free, total,
-                                    torch.cuda.memory_reserved())
-        t0 = time.perf_counter()
-        self.llm = LLM(model=self.model_path, **llm_kwargs)
+            self._orig_set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it process-wide
+            engine_kwargs = dict(rollout_cfg.engine_kwargs or {})
+            if isinstance(engine_kwargs.get("vllm"), dict) or "vllm" in engine_kwargs:  # verl's layout: {vllm: {...}}
+                engine_kwargs = dict(engine_kwargs.get("vllm") or {})
+            accepted = {f.name for f in dataclasses.fields(EngineArgs)}
+            engine_kwargs = vllm_compat.check_engine_kwargs(engine_kwargs, accepted, vllm.__version__)
+            llm_kwargs = self._engine_args(engine_kwargs)
+            if device == "cuda":
+                free, total = torch.cuda.mem_get_info()
+                check_gpu_memory_budget(float(llm_kwargs["gpu_memory_utilization"]), free, total,
+                                        torch.cuda.memory_reserved())
+            t0 = time.perf_counter()
+            self.llm = LLM(model=self.model_path, **llm_kwargs)
+        except BaseException:
+            self._restore_env()  # the rendezvous variables set for vLLM
+            raise
         logger.info("vLLM engine (rank %d/%d, tp %d, %s, %s) built in %.1fs", self.rank, self.world_size,
                     self.tp, self.dtype, device, time.perf_counter() - t0)
         # The engine starts awake with its first weights (`load_format`); the first sync replaces them.
@@ -223,6 +231,7 @@ class VLLMRollout:
         """
         llm = self.__dict__.pop("llm", None)
         if llm is None:
+            self._restore_env()
             return
         from vllm.distributed import parallel_state as ps
 
@@ -240,6 +249,7 @@ class VLLMRollout:
             ps.destroy_model_parallel()
             _destroy_vllm_world_only()
             torch.set_num_threads = self._orig_set_num_threads
+            self._restore_env()
         del llm
         import gc
         gc.collect()
@@ -250,7 +260,11 @@ class VLLMRollout:
         return bool(self._llm_kwargs.get("enable_sleep_mode", False))
 
     def _prepare_distributed_env(self) -> None:
+        """The rendezvous variables vLLM's external_launcher reads (put back by `shutdown`, or when the build
+        fails)."""
         import torch.distributed as dist
+
+        self._env_before = {k: os.environ.get(k) for k in _DIST_ENV}
         os.environ["RANK"] = str(self.rank)  # external_launcher reads its rank from here
         # vLLM places the engine on cuda:LOCAL_RANK; a Ray actor usually sees only its own GPU (index 0)
         local_rank = torch.cuda.current_device() if self.device == "cuda" and torch.cuda.is_available() else 0
@@ -272,6 +286,13 @@ class VLLMRollout:
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0))
                     os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+    def _restore_env(self) -> None:
+        for k, v in self.__dict__.pop("_env_before", {}).items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
     def _engine_args(self, engine_kwargs: dict) -> dict:
         cfg = self.cfg
