@@ -86,7 +86,7 @@ def main() -> int:
             tokens = int(out["response_mask"].sum())
             steps = int(out["response_mask"].sum(1).max())
         else:
-            stream = VLLMStream(rollout, calculate_log_probs=variant != "nolp")
+            stream = VLLMStream(rollout)
             part = _Partial(prompts, a.response, 0)
             stream.add(part, list(range(len(part.ids))))
             while not all(part.done):

@@ -111,21 +111,20 @@ class RolloutWorker(Worker):
 
         if self.stream is not None:
             self.stream.advance(segment, self.version)
-            return {key: sum(1 for done in p.done if not done) for key, p in self.partials.items()}
-
-        groups, parts = [], []
-        for p in self.partials.values():
-            todo = [i for i, done in enumerate(p.done) if not done]
-            if todo:
-                budgets = [min(segment, p.max_len - len(p.tokens[i])) for i in todo]
-                meta = dict(p.meta, seed=int(p.meta.get("seed", 0)) * 1000 + 7919 * p.segments + self.rank)
-                groups.append(([p.ids[i] + p.tokens[i] for i in todo], budgets, meta, todo))
-                parts.append(p)
-        for p, (_, budgets, _, todo), outs in zip(parts, groups,
-                                                 generate_row_groups(self.plan.rollout.engine, self.rollout, groups)):
-            for i, budget, (ids, lps) in zip(todo, budgets, outs):
-                p.add(i, ids[:budget], lps, self.version, budget, self._eos)
-            p.segments += 1
+        else:
+            groups, parts = [], []
+            for p in self.partials.values():
+                todo = [i for i, done in enumerate(p.done) if not done]
+                if todo:
+                    budgets = [min(segment, p.max_len - len(p.tokens[i])) for i in todo]
+                    groups.append(([p.ids[i] + p.tokens[i] for i in todo], budgets,
+                                   p.reseeded(p.segments, self.rank), todo))
+                    parts.append(p)
+            outs = generate_row_groups(self.plan.rollout.engine, self.rollout, groups)
+            for p, (_, budgets, _, todo), got in zip(parts, groups, outs):
+                for i, budget, (ids, lps) in zip(todo, budgets, got):
+                    p.add(i, ids[:budget], lps, self.version, budget, self._eos)
+                p.segments += 1
         return {key: sum(1 for done in p.done if not done) for key, p in self.partials.items()}
 
     def collect(self, key: int = 0) -> Batch:
@@ -160,6 +159,11 @@ class _Partial:
         self.versions[i] += [version] * len(ids)
         ended = len(ids) < budget or (ids and ids[-1] in eos) or len(self.tokens[i]) >= self.max_len
         self.done[i] = bool(ended)
+
+    def reseeded(self, k: int, offset: int = 0) -> dict:
+        """The batch's sampling settings with the seed of its k-th continuation (a segment, a resume after a sync),
+        so a continued response does not replay the random draws of its start."""
+        return dict(self.meta, seed=int(self.meta.get("seed", 0)) * 1000 + 7919 * k + offset)
 
     def extend(self, i: int, ids: list[int], lps, version: int) -> None:
         """Response i's next tokens (and log-probs), made by weights `version` (its end is marked by the caller)."""

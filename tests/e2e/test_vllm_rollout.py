@@ -429,7 +429,7 @@ def test_stream_keeps_requests_live_and_resumes_after_a_sync(state):
     from rlx.workers.rollout.stream import VLLMStream
     from rlx.workers.rollout_worker import VERSIONS, _Partial
 
-    stream = VLLMStream(state.rollout, calculate_log_probs=True)
+    stream = VLLMStream(state.rollout)
     sampled = _Partial(prompt_batch(state.ids, state.mask, **state.meta), R, key=0)
     stream.add(sampled, list(range(len(sampled.ids))))
     stream.advance(2, version=0)

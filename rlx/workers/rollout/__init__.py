@@ -142,7 +142,7 @@ def build_stream(engine: str, rollout):
         return None
     from rlx.workers.rollout.stream import VLLMStream
 
-    return VLLMStream(rollout, calculate_log_probs=True)
+    return VLLMStream(rollout)
 
 
 def rank_seed(engine: str, seed: int, rank: int) -> int:

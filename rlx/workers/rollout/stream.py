@@ -23,8 +23,8 @@ class _Live:
 class VLLMStream:
     """One rank's live partial-rollout requests on its vLLM engine (`rollout.llm`), by request id."""
 
-    def __init__(self, rollout, calculate_log_probs: bool):
-        self.rollout, self.calc = rollout, calculate_log_probs
+    def __init__(self, rollout):
+        self.rollout, self.calc = rollout, bool(rollout.calculate_log_probs)
         self.engine = rollout.llm.llm_engine
         self.live: dict[str, _Live] = {}
         self.paused: list[_Live] = []
@@ -51,7 +51,7 @@ class VLLMStream:
             if p.done[i] or len(p.tokens[i]) >= p.max_len:
                 p.done[i] = True
                 continue
-            meta = p.meta if x.resumes == 0 else dict(p.meta, seed=int(p.meta.get("seed", 0)) * 1000 + 7919 * x.resumes)
+            meta = p.meta if x.resumes == 0 else p.reseeded(x.resumes)
             params = self.rollout.request_params(meta, p.max_len - len(p.tokens[i]), i)
             params.output_kind = RequestOutputKind.DELTA
             if self.calc:

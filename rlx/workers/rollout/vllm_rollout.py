@@ -438,9 +438,8 @@ class VLLMRollout:
         params, _, greedy, _ = self._sampling_params(dict(meta, n=1), 1)
         p = params[0].clone()
         p.max_tokens = int(max_tokens)
-        seed = meta.get("seed", None) if self.cfg.seed_each_sample else None
-        if not greedy and seed is not None:
-            p.seed = int(seed) + 1_000_003 * self.dp_rank + int(row)
+        if p.seed is not None:  # the seed of the row's prompt with n=1: its sample is the row's own
+            p.seed += int(row)
         return p
 
     @torch.no_grad()
