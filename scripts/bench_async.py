@@ -10,9 +10,9 @@ Modes (--modes, comma-separated, run in this order):
   sync    colocated (verl's hybrid engine): both GPUs generate, then both train (trainer.n_gpus_per_node=2)
   on0     rollout on GPU 1, trainer on GPU 0, staleness 0 (they take turns: the colocated run's math)
   off1    the same pools, staleness 1: verl's one-step-off (batch k+1 generated while batch k trains)
-  async1  the same pools, staleness 1 with partial rollout (segments of an eighth of --response: 512 steps for 4,096
-          tokens; a sync waits for the segment in flight): every admitted batch starts at once and the rollout
-          advances them together, so the next batch fills the engine during a batch's long tail
+  async1  the same pools, staleness 1 with partial rollout (--segment engine steps per rollout call: a sync waits
+          for the segment in flight): every admitted batch starts at once and the rollout advances them together,
+          so the next batch fills the engine during a batch's long tail
   async2  the same, staleness 2
 
 Jobs (--job):
@@ -195,6 +195,9 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--response", type=int, default=4096)
+    p.add_argument("--segment", type=int, default=None,
+                   help="async modes: engine steps per rollout call (async_training.partial_rollout_segment); "
+                        "default max(32, --response / 32): 128 for 4,096 tokens")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--test-freq", type=int, default=5)
     p.add_argument("--val-prompts", type=int, default=256, help="smollm2: validate on the test set's first ones")
@@ -233,7 +236,8 @@ def main() -> int:
     histories, walls, rows = {}, {}, []
     for mode in ([] if a.table else a.modes.split(",")):
         print(f"\n=== {mode} ===", flush=True)
-        segment = [f"async_training.partial_rollout_segment={max(32, a.response // 8)}"] if "async" in mode else []
+        segment = [f"async_training.partial_rollout_segment={a.segment or max(32, a.response // 32)}"
+                   ] if "async" in mode else []
         keys = job + MODES[mode] + segment + pools(mode, a.gpus) + [
             f"trainer.device={'cpu' if a.smoke else 'cuda'}", "trainer.nnodes=1",
             f"trainer.total_training_steps={a.steps}", "trainer.save_freq=-1", "trainer.logger=[console,file]",
