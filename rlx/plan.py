@@ -66,6 +66,12 @@ class RolloutPlan:
     """The engines run in rollout workers on the `rollout` pool (actor_rollout_ref.hybrid_engine=False), not in
     the actor's worker; weights go from the trainer pool to them over a process group spanning both."""
 
+    @property
+    def continuous_batching(self) -> bool:
+        """The engine batches requests continuously (vLLM: a request joins or leaves at any engine step, at most
+        rollout.max_num_seqs at once); HF generate runs each call's batch to its end."""
+        return self.engine == VLLM
+
 
 @dataclass(frozen=True)
 class AsyncPlan:

@@ -26,7 +26,8 @@ Jobs (--job):
             hurt learning.
 
 Printed: each mode's per-step score, then a table: seconds per step (mean over the steps after the first), tokens per
-second (prompt + response tokens of the step / its seconds), the speed-up over sync, generation and training seconds
+second (prompt + response tokens of the step / its seconds), the speed-up over sync (in seconds per step, and in
+tokens per second: sampled response lengths differ between runs), generation and training seconds
 (generation overlaps training in the async modes), each pool's idle share, the weight sync, the staleness, the
 response lengths, and the score. Each mode's metrics stay in <out>/<mode>/logs/metrics.jsonl
 (`python scripts/plot_metrics.py <out>/*/logs/metrics.jsonl` draws them).
@@ -162,10 +163,11 @@ def row(mode: str, history: list[dict], base: dict | None) -> dict:
          "score first": scores[0], "score last 5": sum(tail) / len(tail),
          "score last 5 sd": statistics.pstdev(tail) if len(tail) > 1 else 0.0}
     r["speed-up"] = (base["s/step"] / step) if base and step else None
+    r["tok/s x"] = (r["tokens/s"] / base["tokens/s"]) if base and r["tokens/s"] and base["tokens/s"] else None
     return r
 
 
-COLUMNS = ["mode", "s/step", "tokens/s", "speed-up", "gen s", "train s", "worker lp+upd s", "trainer idle",
+COLUMNS = ["mode", "s/step", "tokens/s", "speed-up", "tok/s x", "gen s", "train s", "worker lp+upd s", "trainer idle",
            "rollout idle", "sync s", "wait sync s", "staleness", "resp len mean", "resp len max", "score first",
            "score last 5", "score last 5 sd"]
 
@@ -233,7 +235,8 @@ def main() -> int:
               f"{a.gpus} x {torch.cuda.get_device_name(0)}")
     print(f"bench_async: {device}, job {a.job}, {a.prompts} prompts x n={a.n}, responses up to {a.response} tokens, "
           f"{a.steps} steps per mode; out {out}", flush=True)
-    histories, walls, rows = {}, {}, []
+    run_desc = {"device": device, "prompts": a.prompts, "n": a.n, "response": a.response, "steps": a.steps}
+    histories, walls, rows, runs = {}, {}, [], {}
     for mode in ([] if a.table else a.modes.split(",")):
         print(f"\n=== {mode} ===", flush=True)
         segment = [f"async_training.partial_rollout_segment={a.segment or max(32, a.response // 32)}"
@@ -253,7 +256,7 @@ def main() -> int:
             print(f"{mode}: FAILED: {type(e).__name__}: {e}", flush=True)
             continue
         with open(os.path.join(out, mode, "history.json"), "w") as f:
-            json.dump({"history": histories[mode], "wall_s": walls[mode]}, f)
+            json.dump({"history": histories[mode], "wall_s": walls[mode], "run": run_desc}, f)
         print(f"{mode}: score per step " + " ".join(f"{m['critic/score/mean']:.3f}" for m in histories[mode]),
               flush=True)
         vals = [f"{m['val/' + k]:.3f}@{i}" for i, m in enumerate(histories[mode], start=1) for k in
@@ -266,6 +269,7 @@ def main() -> int:
             with open(path) as f:
                 saved = json.load(f)
             histories[mode], walls[mode] = saved["history"], saved["wall_s"]
+            runs[mode] = saved.get("run")
     histories = {m: histories[m] for m in MODES if m in histories}
     base = None
     for mode, history in histories.items():
@@ -276,8 +280,13 @@ def main() -> int:
     if base is not None:
         for r in rows:
             r["speed-up"] = base["s/step"] / r["s/step"] if r["s/step"] else None
-    print(f"\n### bench_async: {device}, job {a.job}, {a.prompts} prompts x n={a.n}, responses up to {a.response} "
-          f"tokens, {a.steps} steps per mode (means over the steps after the first); wall per mode: "
+            r["tok/s x"] = r["tokens/s"] / base["tokens/s"] if r["tokens/s"] and base["tokens/s"] else None
+    # the header describes the runs in the table (with --table, the saved ones', not this call's defaults)
+    desc = run_desc if not a.table else next((r for r in runs.values() if r), None)
+    what = ("runs of unrecorded settings" if desc is None else
+            f"{desc['device']}, job {a.job}, {desc['prompts']} prompts x n={desc['n']}, responses up to "
+            f"{desc['response']} tokens, {desc['steps']} steps per mode")
+    print(f"\n### bench_async: {what} (means over the steps after the first); wall per mode: "
           + ", ".join(f"{m} {w:.0f} s" for m, w in walls.items()) + "\n")
     print(table(rows))
     with open(os.path.join(out, "bench_async.json"), "w") as f:

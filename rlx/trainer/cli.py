@@ -193,6 +193,27 @@ def unused_section_notes(overrides: list[str], cfg: RLXConfig, plan: JobPlan) ->
     return notes
 
 
+def rollout_queue_notes(cfg: RLXConfig, plan: JobPlan) -> list[str]:
+    """A line when a rollout pool's vLLM engine is handed more requests at once than
+    actor_rollout_ref.rollout.max_num_seqs runs: with partial rollout every admitted batch (staleness + 1 of them) is
+    in flight together, and the requests beyond max_num_seqs wait for a free slot instead of filling the engine
+    during a batch's long tail. Nothing is refused (vLLM queues them)."""
+    if plan.async_ is None or not plan.rollout.continuous_batching:
+        return []
+    from rlx.plan import ROLLOUT_POOL
+
+    rollout = cfg.actor_rollout_ref.rollout
+    batches = plan.async_.staleness + 1 if plan.async_.partial_rollout else 1
+    engines = max(1, plan.placement.pools[ROLLOUT_POOL].world_size // plan.rollout.tensor_parallel_size)
+    per_engine = -(-batches * cfg.data.train_batch_size * rollout.n // engines)
+    if per_engine <= rollout.max_num_seqs:
+        return []
+    return [f"rlx: note: each rollout engine holds up to {per_engine} requests at once ({batches} batch(es) of "
+            f"data.train_batch_size={cfg.data.train_batch_size} x rollout.n={rollout.n} over {engines} engine(s)), "
+            f"more than actor_rollout_ref.rollout.max_num_seqs={rollout.max_num_seqs}: the rest wait for a free slot. "
+            f"Fix: actor_rollout_ref.rollout.max_num_seqs={per_engine} if its KV cache holds them"]
+
+
 def _base_config_hint(args: CliArgs) -> str:
     """After an error of a job on the base config (verl's defaults): where rlx's ready-to-run job is."""
     if args.config_dir is not None or args.config_name != "ppo_trainer":
@@ -274,7 +295,8 @@ class _Job:
 
         cfg = self.cfg = checked.cfg
         plan, inputs = checked.plan, checked.inputs
-        for note in notes + (unused_section_notes(args.overrides, cfg, plan) if plan is not None else []):
+        later = [] if plan is None else unused_section_notes(args.overrides, cfg, plan) + rollout_queue_notes(cfg, plan)
+        for note in notes + later:
             print(note, file=sys.stderr, flush=True)  # said once, before Ray starts
         if not checked.ok:
             print(checked.report() + _base_config_hint(args), file=sys.stderr)

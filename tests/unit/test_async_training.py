@@ -45,6 +45,30 @@ def test_partial_rollout_with_the_agent_loop_is_refused():
         load_config(DISAGG + ["actor_rollout_ref.rollout.mode=async", "async_training.partial_rollout=True"])
 
 
+@pytest.mark.parametrize("extra,held", [([], None), (["async_training.partial_rollout=True"], 1536),
+                                        (["async_training.partial_rollout=True",
+                                          "actor_rollout_ref.rollout.max_num_seqs=1536"], None)])
+def test_a_rollout_engine_handed_more_requests_than_max_num_seqs_is_named(extra, held):
+    from rlx.trainer.cli import rollout_queue_notes
+
+    argv = [k for k in DISAGG if "rollout.name" not in k] + [
+        "actor_rollout_ref.rollout.name=vllm", "data.train_batch_size=64", "actor_rollout_ref.rollout.n=8",
+        "async_training.staleness_threshold=2"] + extra
+    cfg = load_config(argv)
+    notes = rollout_queue_notes(cfg, make_plan(cfg, vllm_installed=lambda: True))
+    if held is None:  # one batch of 512, or max_num_seqs raised to hold three
+        assert notes == []
+    else:  # staleness 2 with partial rollout: 3 batches of 64 x 8 on one engine
+        assert cfg.actor_rollout_ref.rollout.max_num_seqs < held
+        assert notes == [f"rlx: note: each rollout engine holds up to {held} requests at once (3 batch(es) of "
+                         "data.train_batch_size=64 x rollout.n=8 over 1 engine(s)), more than "
+                         f"actor_rollout_ref.rollout.max_num_seqs={cfg.actor_rollout_ref.rollout.max_num_seqs}: the rest "
+                         "wait for a free slot. "
+                         f"Fix: actor_rollout_ref.rollout.max_num_seqs={held} if its KV cache holds them"]
+    hf = load_config(DISAGG + extra + ["async_training.staleness_threshold=2"])
+    assert rollout_queue_notes(hf, make_plan(hf, vllm_installed=lambda: False)) == []  # HF batches per call
+
+
 @pytest.mark.parametrize("threshold,bound", [(0, 0), (0.5, 1), (1, 1), (1.2, 2), (3, 3)])
 def test_plan_pools_and_staleness_bound(threshold, bound):
     cfg = load_config(DISAGG + [f"async_training.staleness_threshold={threshold}",
