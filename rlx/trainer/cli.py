@@ -196,8 +196,9 @@ def unused_section_notes(overrides: list[str], cfg: RLXConfig, plan: JobPlan) ->
 def rollout_queue_notes(cfg: RLXConfig, plan: JobPlan) -> list[str]:
     """A line when a rollout pool's vLLM engine is handed more requests at once than
     actor_rollout_ref.rollout.max_num_seqs runs: with partial rollout every admitted batch (staleness + 1 of them) is
-    in flight together, and the requests beyond max_num_seqs wait for a free slot instead of filling the engine
-    during a batch's long tail. Nothing is refused (vLLM queues them)."""
+    in flight together, and the requests beyond max_num_seqs wait for a free slot (first come, first served: a later
+    batch takes the slots an earlier one frees). Nothing is refused: which is faster depends on the engine's cost per
+    step at each concurrency."""
     if plan.async_ is None or not plan.rollout.continuous_batching:
         return []
     from rlx.plan import ROLLOUT_POOL
@@ -210,8 +211,9 @@ def rollout_queue_notes(cfg: RLXConfig, plan: JobPlan) -> list[str]:
         return []
     return [f"rlx: note: each rollout engine holds up to {per_engine} requests at once ({batches} batch(es) of "
             f"data.train_batch_size={cfg.data.train_batch_size} x rollout.n={rollout.n} over {engines} engine(s)), "
-            f"more than actor_rollout_ref.rollout.max_num_seqs={rollout.max_num_seqs}: the rest wait for a free slot. "
-            f"Fix: actor_rollout_ref.rollout.max_num_seqs={per_engine} if its KV cache holds them"]
+            f"more than actor_rollout_ref.rollout.max_num_seqs={rollout.max_num_seqs}: the rest wait for a free slot, the "
+            f"oldest batch's first. To run them all at once: actor_rollout_ref.rollout.max_num_seqs={per_engine}, if "
+            f"its KV cache holds them"]
 
 
 def _base_config_hint(args: CliArgs) -> str:

@@ -63,8 +63,8 @@ def test_a_rollout_engine_handed_more_requests_than_max_num_seqs_is_named(extra,
         assert notes == [f"rlx: note: each rollout engine holds up to {held} requests at once (3 batch(es) of "
                          "data.train_batch_size=64 x rollout.n=8 over 1 engine(s)), more than "
                          f"actor_rollout_ref.rollout.max_num_seqs={cfg.actor_rollout_ref.rollout.max_num_seqs}: the rest "
-                         "wait for a free slot. "
-                         f"Fix: actor_rollout_ref.rollout.max_num_seqs={held} if its KV cache holds them"]
+                         "wait for a free slot, the oldest batch's first. To run them all at once: "
+                         f"actor_rollout_ref.rollout.max_num_seqs={held}, if its KV cache holds them"]
     hf = load_config(DISAGG + extra + ["async_training.staleness_threshold=2"])
     assert rollout_queue_notes(hf, make_plan(hf, vllm_installed=lambda: False)) == []  # HF batches per call
 
