@@ -98,3 +98,21 @@ def test_preflight_refuses_a_vllm_older_than_supported(monkeypatch):
         preflight(cfg)
     # the HF rollout does not care which vLLM is installed
     preflight(load_config(["actor_rollout_ref.rollout.name=hf", "trainer.device=cpu"]))
+
+
+def test_sampled_logprobs_reads_the_flat_and_the_dict_layouts():
+    """The rollout asks for flat_logprobs (less per-step work in the engine loop): vLLM's FlatLogprobs lists every
+    position's entries back to back, the sampled token's first, so an entry after it (a top-k one, were more than
+    logprobs=0 asked) is never taken for it. The per-position dicts of flat_logprobs=False are read too. (The real
+    engine's log-probs are checked against the actor's in tests/e2e/test_vllm_rollout.py.)"""
+    from types import SimpleNamespace as NS
+
+    ids, lps = [5, 9, 2], [-0.5, -1.25, -3.0]
+    flat = NS(start_indices=[0, 2, 4], end_indices=[2, 4, 6], token_ids=[5, 7, 9, 7, 2, 7],
+              logprobs=[-0.5, -0.1, -1.25, -0.1, -3.0, -0.1])
+    assert vc.sampled_logprobs(NS(token_ids=ids, logprobs=flat), 3) == lps
+    assert vc.sampled_logprobs(NS(token_ids=ids, logprobs=flat), 2) == lps[:2]
+    dicts = [{tok: NS(logprob=lp), 7: NS(logprob=-0.1)} for tok, lp in zip(ids, lps)]
+    assert vc.sampled_logprobs(NS(token_ids=ids, logprobs=dicts), 3) == lps
+    with pytest.raises(AssertionError, match="do not start with the sampled tokens"):  # an invariant broken
+        vc.sampled_logprobs(NS(token_ids=[9, 5, 2], logprobs=flat), 3)

@@ -46,6 +46,8 @@ class VLLMStream:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        from rlx.workers.rollout.vllm_compat import sampled_logprobs
+
         for x in self.paused:
             p, i = x.part, x.row
             if p.done[i] or len(p.tokens[i]) >= p.max_len:
@@ -69,7 +71,7 @@ class VLLMStream:
                     continue
                 s = out.outputs[0]
                 ids = list(s.token_ids)
-                lps = [float(s.logprobs[t][tok].logprob) for t, tok in enumerate(ids)] if self.calc else None
+                lps = sampled_logprobs(s, len(ids)) if self.calc else None
                 x.part.extend(x.row, ids, lps, version)
                 if out.finished:
                     x.part.done[x.row] = True

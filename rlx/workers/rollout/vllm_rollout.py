@@ -419,7 +419,7 @@ class VLLMRollout:
         # ignore_eos: exactly max_tokens tokens, EOS included (and no EOS among the stop tokens)
         common = dict(max_tokens=self.max_response_length, ignore_eos=self.ignore_eos,
                       stop_token_ids=[] if self.ignore_eos else [int(e) for e in eos],
-                      detokenize=False, logprobs=0 if calc_lp else None)
+                      detokenize=False, logprobs=0 if calc_lp else None, flat_logprobs=calc_lp)
         if greedy:  # vLLM requires n == 1 for greedy sampling: the n copies are made afterwards
             params = [SamplingParams(n=1, temperature=0.0, **common)] * n_prompts
             return params, n, True, calc_lp
@@ -470,10 +470,8 @@ class VLLMRollout:
                 if ids:
                     responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
                 if calc_lp:
-                    lps = s.logprobs
-                    assert lps is not None, "vLLM returned no logprobs"
-                    log_probs[row, :len(ids)] = torch.tensor(
-                        [lps[t][tok].logprob for t, tok in enumerate(ids)], dtype=torch.float32)
+                    log_probs[row, :len(ids)] = torch.tensor(vllm_compat.sampled_logprobs(s, len(ids)),
+                                                               dtype=torch.float32)
         rep_prompts = input_ids.repeat_interleave(n, dim=0)
         rep_mask = prompt_mask.repeat_interleave(n, dim=0)
         result = assemble_output(rep_prompts, rep_mask, responses, self.eos_token_id, self.pad_token_id,
