@@ -108,6 +108,8 @@ def generate_row_groups(engine: str, rollout, groups: list[tuple]) -> list[list[
     if engine == "vllm":
         from vllm.inputs import TokensPrompt
 
+        from rlx.workers.rollout import vllm_compat
+
         prompts, params, sizes = [], [], []
         for group_prompts, budgets, meta, rows in groups:
             prompts += [TokensPrompt(prompt_token_ids=list(p)) for p in group_prompts]
@@ -121,7 +123,7 @@ def generate_row_groups(engine: str, rollout, groups: list[tuple]) -> list[list[
         for out in outs:
             s = out.outputs[0]
             ids = list(s.token_ids)
-            lps = [float(s.logprobs[t][tok].logprob) for t, tok in enumerate(ids)] if s.logprobs else None
+            lps = vllm_compat.sampled_logprobs(s, len(ids)) if s.logprobs else None
             result.append((ids, lps))
         ends = list(itertools.accumulate(sizes))
         return [result[end - n:end] for end, n in zip(ends, sizes)]

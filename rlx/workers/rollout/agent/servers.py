@@ -103,8 +103,6 @@ class VLLMServer(_QueuedServer):
     def _output(self, out) -> TokenOutput:
         sample = out.outputs[0]
         ids = list(sample.token_ids)
-        lps = None
-        if self.calc:
-            assert sample.logprobs is not None, "vLLM returned no logprobs"
-            lps = [float(sample.logprobs[t][tok].logprob) for t, tok in enumerate(ids)]
-        return TokenOutput(ids, lps)
+        from rlx.workers.rollout.vllm_compat import sampled_logprobs
+
+        return TokenOutput(ids, sampled_logprobs(sample, len(ids)) if self.calc else None)
