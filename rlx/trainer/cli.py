@@ -211,9 +211,9 @@ def rollout_queue_notes(cfg: RLXConfig, plan: JobPlan) -> list[str]:
         return []
     return [f"rlx: note: each rollout engine holds up to {per_engine} requests at once ({batches} batch(es) of "
             f"data.train_batch_size={cfg.data.train_batch_size} x rollout.n={rollout.n} over {engines} engine(s)), "
-            f"more than actor_rollout_ref.rollout.max_num_seqs={rollout.max_num_seqs}: the rest wait for a free slot, the "
-            f"oldest batch's first. To run them all at once: actor_rollout_ref.rollout.max_num_seqs={per_engine}, if "
-            f"its KV cache holds them"]
+            f"more than actor_rollout_ref.rollout.max_num_seqs={rollout.max_num_seqs}: the rest wait for a free slot, "
+            f"the oldest batch's first. To run them all at once: actor_rollout_ref.rollout.max_num_seqs={per_engine}, "
+            f"if its KV cache holds them"]
 
 
 def _base_config_hint(args: CliArgs) -> str:

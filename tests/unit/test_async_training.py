@@ -59,10 +59,11 @@ def test_a_rollout_engine_handed_more_requests_than_max_num_seqs_is_named(extra,
     if held is None:  # one batch of 512, or max_num_seqs raised to hold three
         assert notes == []
     else:  # staleness 2 with partial rollout: 3 batches of 64 x 8 on one engine
-        assert cfg.actor_rollout_ref.rollout.max_num_seqs < held
+        limit = cfg.actor_rollout_ref.rollout.max_num_seqs
+        assert limit < held
         assert notes == [f"rlx: note: each rollout engine holds up to {held} requests at once (3 batch(es) of "
                          "data.train_batch_size=64 x rollout.n=8 over 1 engine(s)), more than "
-                         f"actor_rollout_ref.rollout.max_num_seqs={cfg.actor_rollout_ref.rollout.max_num_seqs}: the rest "
+                         f"actor_rollout_ref.rollout.max_num_seqs={limit}: the rest "
                          "wait for a free slot, the oldest batch's first. To run them all at once: "
                          f"actor_rollout_ref.rollout.max_num_seqs={held}, if its KV cache holds them"]
     hf = load_config(DISAGG + extra + ["async_training.staleness_threshold=2"])

@@ -110,9 +110,9 @@ def test_sampled_logprobs_reads_the_flat_and_the_dict_layouts():
     ids, lps = [5, 9, 2], [-0.5, -1.25, -3.0]
     flat = NS(start_indices=[0, 2, 4], end_indices=[2, 4, 6], token_ids=[5, 7, 9, 7, 2, 7],
               logprobs=[-0.5, -0.1, -1.25, -0.1, -3.0, -0.1])
-    assert vc.sampled_logprobs(NS(token_ids=ids, logprobs=flat), 3) == lps
-    assert vc.sampled_logprobs(NS(token_ids=ids, logprobs=flat), 2) == lps[:2]
+    assert vc.sampled_logprobs(NS(token_ids=ids, logprobs=flat), ids) == lps
+    assert vc.sampled_logprobs(NS(token_ids=ids, logprobs=flat), ids[:2]) == lps[:2]
     dicts = [{tok: NS(logprob=lp), 7: NS(logprob=-0.1)} for tok, lp in zip(ids, lps)]
-    assert vc.sampled_logprobs(NS(token_ids=ids, logprobs=dicts), 3) == lps
+    assert vc.sampled_logprobs(NS(token_ids=ids, logprobs=dicts), ids) == lps
     with pytest.raises(AssertionError, match="do not start with the sampled tokens"):  # an invariant broken
-        vc.sampled_logprobs(NS(token_ids=[9, 5, 2], logprobs=flat), 3)
+        vc.sampled_logprobs(NS(token_ids=[9, 5, 2], logprobs=flat), [9, 5, 2])

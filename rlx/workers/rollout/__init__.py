@@ -123,7 +123,7 @@ def generate_row_groups(engine: str, rollout, groups: list[tuple]) -> list[list[
         for out in outs:
             s = out.outputs[0]
             ids = list(s.token_ids)
-            lps = vllm_compat.sampled_logprobs(s, len(ids)) if s.logprobs else None
+            lps = vllm_compat.sampled_logprobs(s, ids) if s.logprobs else None
             result.append((ids, lps))
         ends = list(itertools.accumulate(sizes))
         return [result[end - n:end] for end, n in zip(ends, sizes)]

@@ -71,7 +71,7 @@ class VLLMStream:
                     continue
                 s = out.outputs[0]
                 ids = list(s.token_ids)
-                lps = sampled_logprobs(s, len(ids)) if self.calc else None
+                lps = sampled_logprobs(s, ids) if self.calc else None
                 x.part.extend(x.row, ids, lps, version)
                 if out.finished:
                     x.part.done[x.row] = True

@@ -194,18 +194,18 @@ def check_awake(api: VLLMApi, returned, tags) -> None:
                            f"allocation was not woken, and its scheduler stays paused until every one is.")
 
 
-def sampled_logprobs(completion, count: int) -> list[float]:
-    """The log-probs of the first `count` sampled tokens of a vLLM completion requested with logprobs=0.
+def sampled_logprobs(completion, ids: list[int]) -> list[float]:
+    """The log-probs of the sampled tokens `ids` (the completion's token ids, or their first ones) of a vLLM
+    completion requested with logprobs=0.
 
     rlx asks for `flat_logprobs=True`: the engine then keeps a request's log-probs in flat lists instead of a dict and
     a `Logprob` object per token, which costs the engine loop less per step at high concurrency. At each position the
     sampled token's entry comes first. A list of per-position dicts (flat_logprobs off) is read as well."""
     lps = completion.logprobs
     assert lps is not None, "vLLM returned no logprobs"
-    ids = list(completion.token_ids)[:count]
     starts = getattr(lps, "start_indices", None)
     if starts is None:
         return [float(lps[t][tok].logprob) for t, tok in enumerate(ids)]
-    starts = starts[:count]
+    starts = starts[:len(ids)]
     assert [lps.token_ids[i] for i in starts] == ids, "vLLM's flat log-probs do not start with the sampled tokens"
     return [float(lps.logprobs[i]) for i in starts]

@@ -470,8 +470,7 @@ class VLLMRollout:
                 if ids:
                     responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
                 if calc_lp:
-                    log_probs[row, :len(ids)] = torch.tensor(vllm_compat.sampled_logprobs(s, len(ids)),
-                                                               dtype=torch.float32)
+                    log_probs[row, :len(ids)] = torch.tensor(vllm_compat.sampled_logprobs(s, ids), dtype=torch.float32)
         rep_prompts = input_ids.repeat_interleave(n, dim=0)
         rep_mask = prompt_mask.repeat_interleave(n, dim=0)
         result = assemble_output(rep_prompts, rep_mask, responses, self.eos_token_id, self.pad_token_id,

@@ -105,4 +105,4 @@ class VLLMServer(_QueuedServer):
         ids = list(sample.token_ids)
         from rlx.workers.rollout.vllm_compat import sampled_logprobs
 
-        return TokenOutput(ids, sampled_logprobs(sample, len(ids)) if self.calc else None)
+        return TokenOutput(ids, sampled_logprobs(sample, ids) if self.calc else None)
