@@ -424,11 +424,16 @@ def test_row_groups_share_one_engine_call(state):
 def test_stream_keeps_requests_live_and_resumes_after_a_sync(state):
     """Partial rollout on vLLM (`VLLMStream`): responses stay live in the engine between `advance` calls, a batch
     added later joins the running one, and without a sync a sampled response is the sync path's (same seed per
-    row). A sync pauses the live requests; they go on after it from the tokens they had (greedy: the same tokens
+    row), every call returning each response's tokens up to its last step though the engine sends them only every
+    `stream_interval` steps. A sync pauses the live requests; they go on after it from the tokens they had (greedy: the same tokens
     as uninterrupted), the tokens after it tagged with the new version."""
     from rlx.workers.rollout.stream import VLLMStream
     from rlx.workers.rollout_worker import VERSIONS, _Partial
 
+    from rlx.workers.rollout.vllm_rollout import STREAM_INTERVAL
+
+    # the engine sends a request's tokens every STREAM_INTERVAL steps; each advance still returns them all
+    assert state.rollout._llm_kwargs["stream_interval"] == STREAM_INTERVAL > 3
     stream = VLLMStream(state.rollout)
     sampled = _Partial(prompt_batch(state.ids, state.mask, **state.meta), R, key=0)
     stream.add(sampled, list(range(len(sampled.ids))))

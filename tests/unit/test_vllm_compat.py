@@ -116,3 +116,25 @@ def test_sampled_logprobs_reads_the_flat_and_the_dict_layouts():
     assert vc.sampled_logprobs(NS(token_ids=ids, logprobs=dicts), ids) == lps
     with pytest.raises(AssertionError, match="do not start with the sampled tokens"):  # an invariant broken
         vc.sampled_logprobs(NS(token_ids=[9, 5, 2], logprobs=flat), [9, 5, 2])
+
+
+def test_unsent_tokens_are_read_after_the_ones_already_sent():
+    """vLLM sends a streamed request's tokens every `stream_interval` steps; partial rollout's stream reads the rest
+    from the engine's output processor at the end of each call: the tokens after the `sent` ones, with their
+    log-probs (the per-position dicts' layout here; the real engine's in tests/e2e/test_vllm_rollout.py). Where the
+    processor keeps them elsewhere the answer is None: they come with the request's next delta."""
+    from types import SimpleNamespace as NS
+
+    tokens, lps = [5, 9, 2, 4], [-0.5, -1.25, -3.0, -0.75]
+    state = NS(detokenizer=NS(output_token_ids=tokens),
+               logprobs_processor=NS(logprobs=[{t: NS(logprob=lp)} for t, lp in zip(tokens, lps)]))
+    engine = NS(output_processor=NS(external_req_ids={"a": ["a-internal"]}, request_states={"a-internal": state}))
+    assert vc.unsent_tokens(engine, "a", 1, calc_log_probs=True) == ([9, 2, 4], [-1.25, -3.0, -0.75])
+    assert vc.unsent_tokens(engine, "a", 3, calc_log_probs=False) == ([4], None)
+    assert vc.unsent_tokens(engine, "a", 4, calc_log_probs=True) == ([], None)
+    same_id = NS(output_processor=NS(external_req_ids={}, request_states={"a": state}))  # no id mapping
+    assert vc.unsent_tokens(same_id, "a", 2, calc_log_probs=False) == ([2, 4], None)
+    assert vc.unsent_tokens(engine, "b", 0, calc_log_probs=False) is None  # not a live request
+    assert vc.unsent_tokens(NS(), "a", 0, calc_log_probs=False) is None  # another engine layout
+    state.logprobs_processor.logprobs = state.logprobs_processor.logprobs[:3]  # log-probs not kept per token
+    assert vc.unsent_tokens(engine, "a", 1, calc_log_probs=True) is None

@@ -3,7 +3,10 @@
 Every open response stays a live request in the rank's in-process engine between calls: `advance(steps)` runs the
 engine's own loop (`LLMEngine.step`, as `LLM.generate` does) for at most `steps` steps, so a batch added meanwhile
 joins the running ones at the next step, and no request waits for a segment's slowest one. Each step's new tokens
-come back as deltas and are tagged with the weights' version. A weight sync pauses the stream first (`pause`): the
+come back as deltas and are tagged with the weights' version. The engine sends each request's deltas every
+`stream_interval` steps (rlx sets 16: building an output per request per step is what costs most with many requests
+in flight); at the end of each call the stream reads the tokens not sent yet from the engine, so every call returns
+with each response's tokens up to the last step (`_Live.got` and `_Live.sent` keep the two counts apart). A weight sync pauses the stream first (`pause`): the
 live requests are aborted, keeping the tokens they have, and the next `advance` adds each again with its prompt plus
 those tokens and the rest of its budget, so the new weights prefill it (no key/value cache of the old weights is
 kept: the sync resets the prefix cache) and it goes on from where it stopped.
@@ -18,7 +21,8 @@ class _Live:
     part: object  # the rollout worker's _Partial: the batch share this response belongs to
     row: int  # the response's row in it
     resumes: int  # how many times it was paused and added again
-
+    got: int = 0  # tokens of this request taken so far (from its deltas and from the engine's unsent ones)
+    sent: int = 0  # tokens the engine has sent in its deltas
 
 class VLLMStream:
     """One rank's live partial-rollout requests on its vLLM engine (`rollout.llm`), by request id."""
@@ -46,7 +50,7 @@ class VLLMStream:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        from rlx.workers.rollout.vllm_compat import sampled_logprobs
+        from rlx.workers.rollout.vllm_compat import sampled_logprobs, unsent_tokens
 
         for x in self.paused:
             p, i = x.part, x.row
@@ -72,7 +76,20 @@ class VLLMStream:
                 s = out.outputs[0]
                 ids = list(s.token_ids)
                 lps = sampled_logprobs(s, ids) if self.calc else None
-                x.part.extend(x.row, ids, lps, version)
+                self._take(x, ids, lps, version, sent=len(ids))
                 if out.finished:
                     x.part.done[x.row] = True
                     del self.live[out.request_id]
+        for rid, x in self.live.items():  # what the engine made but has not sent yet
+            unsent = unsent_tokens(self.engine, rid, x.sent, self.calc)
+            if unsent is not None:
+                self._take(x, *unsent, version, sent=0)
+
+    @staticmethod
+    def _take(x: _Live, ids: list[int], lps, version: int, sent: int) -> None:
+        """Response x's tokens from position `x.sent` on (a delta, or the unsent ones): those not taken yet."""
+        skip = x.got - x.sent
+        x.sent += sent
+        if len(ids) > skip:
+            x.part.extend(x.row, ids[skip:], lps[skip:] if lps is not None else None, version)
+            x.got += len(ids) - skip

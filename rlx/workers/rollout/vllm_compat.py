@@ -20,6 +20,9 @@ is handled here:
   `sleep_mode_offload_cudagraph`, `enable_nccl_comm_suspend`, ...); `swap_space`, ignored with a warning by 0.22, is a
   `TypeError` in 0.32. `check_engine_kwargs` names a key of `rollout.engine_kwargs` that the installed vLLM refuses
   (and the release that has it) before the engine is built; `swap_space` is dropped everywhere.
+* Partial rollout's stream reads the tokens a request has made but vLLM has not sent yet (`stream_interval` > 1)
+  from the engine's output processor (`unsent_tokens`): the same fields in 0.22 and 0.32; where they are missing the
+  tokens come with the request's next output instead.
 * Versions older than `MIN_VERSION` (no in-place `reload_weights` with layerwise processing, other sleep tags) are a
   preflight error (`unsupported_reason`); a vLLM built for another torch is one too (`torch_mismatch`).
 
@@ -209,3 +212,27 @@ def sampled_logprobs(completion, ids: list[int]) -> list[float]:
     starts = starts[:len(ids)]
     assert [lps.token_ids[i] for i in starts] == ids, "vLLM's flat log-probs do not start with the sampled tokens"
     return [float(lps.logprobs[i]) for i in starts]
+
+
+def unsent_tokens(engine, request_id: str, sent: int, calc_log_probs: bool):
+    """The tokens request `request_id` has made after its first `sent` ones (those its delta outputs carried; vLLM
+    sends them every `stream_interval` tokens), with their log-probs, read from the engine's output processor; None
+    where this vLLM keeps them elsewhere (they then come with the request's next output)."""
+    processor = getattr(engine, "output_processor", None)
+    internal = getattr(processor, "external_req_ids", {}).get(request_id) or [request_id]
+    state = getattr(processor, "request_states", {}).get(internal[0]) if len(internal) == 1 else None
+    tokens = getattr(getattr(state, "detokenizer", None), "output_token_ids", None)
+    if tokens is None:
+        return None
+    ids = list(tokens[sent:])
+    if not calc_log_probs or not ids:
+        return ids, None
+    lps = getattr(getattr(state, "logprobs_processor", None), "logprobs", None)
+    if lps is None or len(lps) != len(tokens):
+        return None
+    return ids, sampled_logprobs(_Completion(lps[len(lps) - len(ids):]), ids)
+
+
+@dataclass
+class _Completion:
+    logprobs: object

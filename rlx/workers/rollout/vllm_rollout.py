@@ -64,6 +64,8 @@ from rlx.workers.rollout.base import assemble_output
 logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
+STREAM_INTERVAL = 16
+"""vLLM's `stream_interval` on rlx's engines: a streamed request's new tokens come every this many steps."""
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
@@ -205,7 +207,7 @@ class VLLMRollout:
                 engine_kwargs = dict(engine_kwargs.get("vllm") or {})
             accepted = {f.name for f in dataclasses.fields(EngineArgs)}
             engine_kwargs = vllm_compat.check_engine_kwargs(engine_kwargs, accepted, vllm.__version__)
-            llm_kwargs = self._engine_args(engine_kwargs)
+            llm_kwargs = self._engine_args(engine_kwargs, accepted)
             if device == "cuda":
                 free, total = torch.cuda.mem_get_info()
                 check_gpu_memory_budget(float(llm_kwargs["gpu_memory_utilization"]), free, total,
@@ -294,7 +296,7 @@ class VLLMRollout:
             else:
                 os.environ[k] = v
 
-    def _engine_args(self, engine_kwargs: dict) -> dict:
+    def _engine_args(self, engine_kwargs: dict, accepted: frozenset | set = frozenset()) -> dict:
         cfg = self.cfg
         max_model_len = int(cfg.max_model_len or 0) or (self.max_prompt_length + self.max_response_length)
         max_num_seqs = int(cfg.max_num_seqs)
@@ -316,6 +318,11 @@ class VLLMRollout:
             # verl's dummy_dtensor: random first weights, nothing read from disk (a sync precedes every generation)
             load_format="dummy" if cfg.load_format.startswith("dummy") else cfg.load_format,
         )
+        if "stream_interval" in accepted:
+            # partial rollout's stream (VLLMStream) gets a request's new tokens every STREAM_INTERVAL steps instead of
+            # every step: the engine builds no output per request per step, the cost that grows with the requests in
+            # flight; the stream reads the rest at the end of each call. Whole-response generation is not affected.
+            kwargs["stream_interval"] = STREAM_INTERVAL
         chunked = cfg.enable_chunked_prefill
         if chunked is not None:
             kwargs["enable_chunked_prefill"] = bool(chunked)
