@@ -289,9 +289,10 @@ class AsyncPPOTrainer(RayPPOTrainer):
             sent = self.actor.send_weights(self.weights_info)
             got = self.rollouts.receive_weights(self.weights_info, self.global_step)
             stats = ray.get(sent)[0]
-            ray.get(got)
+            received = ray.get(got)[0]
             self.gate.set_version(self.global_step)
         if metrics is not None:
+            metrics.update({k: v for k, v in received.items() if k.startswith(("rollout/", "timing_s/rollout/"))})
             metrics["timing_s/wait_sync"] = waited
             metrics["timing_s/sync_weights"] = stats["seconds"]
             metrics["perf/sync_weights_gb"] = stats["bytes"] / 1e9

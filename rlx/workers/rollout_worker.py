@@ -71,6 +71,8 @@ class RolloutWorker(Worker):
                 self.stream.pause()  # in-flight responses go on with the new weights at the next advance
             self.rollout.sync_weights(self.transfer.receive(info))
         self.version = int(version)
+        if self.stream is not None:
+            m.update(self.stream.take_metrics())  # the engine's work with the weights just replaced
         return m
 
     @profiled("rollout_generate", role="rollout")

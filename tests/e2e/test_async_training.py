@@ -57,3 +57,6 @@ def test_partial_rollout_generates_admitted_batches_together(ray_local, tmp_path
     assert max(m["async/batches_in_flight"] for m in hist) >= 2
     assert all(m["async/staleness_max"] <= 2 and m["async/dropped_stale_samples"] == 0 for m in hist)
     assert [m["async/rollout_version"] for m in hist] == [1.0, 2.0, 3.0, 4.0]
+    if engine == "vllm":  # the engine's work between two syncs
+        assert sum(m["rollout/engine_steps"] for m in hist) > 0
+        assert all(m["rollout/requests_per_engine_step"] > 0 for m in hist if m["rollout/engine_steps"])
