@@ -244,11 +244,12 @@ def main() -> int:
         keys = job + MODES[mode] + segment + pools(mode, a.gpus) + [
             f"trainer.device={'cpu' if a.smoke else 'cuda'}", "trainer.nnodes=1",
             f"trainer.total_training_steps={a.steps}", "trainer.save_freq=-1", "trainer.logger=[console,file]",
-            f"trainer.default_local_dir={os.path.join(out, mode)}"] + a.set
+            f"trainer.default_local_dir={os.path.join(out, mode)}"]
         if a.smoke:
             keys += ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.use_remove_padding=False",
                      "actor_rollout_ref.model.path=builtin://tiny-qwen2",
                      "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+        keys += a.set  # --set wins (also over --smoke's)
         try:
             histories[mode], walls[mode] = run_job(keys)
         except Exception as e:  # noqa: BLE001 -- the other modes still run; the table says which failed

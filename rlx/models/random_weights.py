@@ -34,7 +34,7 @@ SHAPES: dict[str, dict] = {
                                   tie_word_embeddings=False, max_position_embeddings=32768, rope_theta=1e6,
                                   rms_norm_eps=1e-6, stop_at=(200, 0.5)),
 }
-WEIGHTS = "bf16 N(0, 0.02), norms 1, biases 0, seed 0; byte tokenizer"
+WEIGHTS = "bf16 N(0, 0.02), norms 1, biases 0, seed 0; byte tokenizer; rotary buffers computed"
 
 
 def random_model_dir(shape: str, path: str | None = None) -> str:
@@ -83,6 +83,7 @@ def random_model(cfg):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.to_empty(device="cpu")
+    _compute_buffers(model)
     if cfg.tie_word_embeddings:  # to_empty gave the tied head its own storage
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     g = torch.Generator().manual_seed(0)
@@ -95,6 +96,22 @@ def random_model(cfg):
             else:
                 p.normal_(0.0, 0.02, generator=g)
     return model
+
+
+def _compute_buffers(model) -> None:
+    """`to_empty` leaves the buffers uninitialised: each module holding some (the rotary embedding's inverse
+    frequencies, computed from the config, never saved) is built again on the CPU and its buffers copied over."""
+    import torch
+
+    for name, module in model.named_modules():
+        own = dict(module.named_buffers(recurse=False))
+        if not own:
+            continue
+        assert hasattr(module, "config"), f"{name} ({type(module).__name__}) holds buffers rlx cannot compute"
+        with torch.device("cpu"):
+            fresh = type(module)(module.config)
+        for key, buf in fresh.named_buffers(recurse=False):
+            own[key].copy_(buf)
 
 
 def set_stop_rate(model, eos_id: int, length: int, reach: float, sequences: int = 16, tokens: int = 256) -> float:
@@ -121,15 +138,18 @@ def set_stop_rate(model, eos_id: int, length: int, reach: float, sequences: int 
             zs.append(h[..., 0])
             rests.append(torch.logsumexp(logits, dim=-1))
         z, rest = torch.cat(zs), torch.cat(rests)
+        assert z.isfinite().all() and rest.isfinite().all(), "the stop rate's hidden states are not finite"
 
         def reaching(beta: float) -> float:
             hazard = -torch.log1p(-torch.sigmoid(beta * z - rest).clamp(max=1 - 1e-6)).mean(dim=1)
             return torch.exp(-length * hazard).mean().item()
 
-        lo, hi = 0.0, 200.0
+        top = 200.0
+        lo, hi = 0.0, top
         for _ in range(60):
             beta = (lo + hi) / 2
             lo, hi = (beta, hi) if reaching(beta) > reach else (lo, beta)
+        assert 1e-3 < beta < top - 1e-3, f"no stop rate reaches {reach} at {length} tokens (beta {beta})"
         head[eos_id, 0] = beta
     return beta
 

@@ -264,6 +264,31 @@ def test_set_stop_rate_spreads_response_lengths():
     assert min(lengths) < 8 and len(set(lengths)) > 8, sorted(lengths)  # spread, not one length
 
 
+def test_random_model_computes_the_buffers_to_empty_leaves_uninitialised():
+    """random_model builds on the meta device; `to_empty` gives the buffers uninitialised memory. The rotary
+    embedding's inverse frequencies (never saved: vLLM and the trainer compute their own) are what set_stop_rate's
+    forward uses, so garbage there gave machine-dependent stop rates (a NaN made beta 0: no response ever ended).
+    They are computed as a CPU-built module computes them, and the stop rate is the same in every build."""
+    import transformers
+
+    from rlx.models.random_weights import random_model, set_stop_rate
+
+    cfg = transformers.AutoConfig.for_model("qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                                            tie_word_embeddings=False, eos_token_id=2, pad_token_id=0)
+    fresh = transformers.AutoModelForCausalLM.from_config(cfg)
+    want = dict(fresh.named_buffers())
+    assert want, "the model has buffers to check"
+    betas = []
+    for _ in range(2):
+        torch.empty(1 << 20).fill_(float("nan"))  # freed memory that an uninitialised buffer could reuse
+        model = random_model(cfg)
+        for name, buf in model.named_buffers():
+            assert torch.equal(buf, want[name]), name
+        betas.append(set_stop_rate(model, eos_id=2, length=32, reach=0.5, sequences=8, tokens=32))
+    assert betas[0] == betas[1] > 0
+
+
 def test_bench_async_table_from_histories(monkeypatch):
     """scripts/bench_async.py's summary of each mode's per-step metrics (means over the steps after the first) and
     its table, from histories alone: the speed-up is sync's seconds per step over the mode's."""
