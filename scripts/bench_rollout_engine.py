@@ -8,7 +8,10 @@ rollout step's time goes on the engine side (no Ray, no trainer).
 Paths: `generate` (the colocated and one-step-off path: one `LLM.generate` call per batch) and `stream` (partial
 rollout: every response a live request, the engine stepped `--segment` steps per call, delta outputs), each with
 per-sample seeds on or off and the rollout's log-probs on or off. Printed per path: seconds, generated tokens,
-tokens/s, engine steps, and milliseconds per engine step.
+tokens/s, engine steps, and milliseconds per engine step. `--curve 1,64,256,512` adds a second table: the stream's
+milliseconds per engine step with that many requests in flight (fixed-length responses of `--curve-tokens`), the cost
+that grows with the requests in flight. The header names the host's CPU: the engine loop is mostly Python, so compare
+runs on one machine.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ def main() -> int:
     p.add_argument("--segment", type=int, default=512)
     p.add_argument("--paths", default="generate,stream,generate-noseed,stream-noseed,generate-nolp,stream-nolp")
     p.add_argument("--model-dir", default=None)
+    p.add_argument("--curve", default="", help="comma-separated numbers of requests in flight (the stream path)")
+    p.add_argument("--curve-tokens", type=int, default=192)
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args()
     import torch
@@ -96,16 +101,47 @@ def main() -> int:
         s = time.perf_counter() - t0
         rows.append((path_name, s, tokens, tokens / s, steps, 1000 * s / max(steps, 1)))
         print(f"{path_name}: {s:.2f} s, {tokens} tokens", flush=True)
+    curve = []
+    rollout.ignore_eos = True  # every response exactly --curve-tokens long
+    for live in [int(x) for x in a.curve.split(",") if x]:
+        rows_ids = torch.randint(3, min(1000, len(tok) - 1), (live, 24), generator=g)
+        meta = dict(n=1, do_sample=True, temperature=1.0, top_p=1.0, top_k=-1, calculate_log_probs=True)
+        stream = VLLMStream(rollout)
+        part = _Partial(Batch({"input_ids": rows_ids, "attention_mask": torch.ones_like(rows_ids),
+                               "position_ids": torch.arange(24).expand(live, 24)}, meta=meta), a.curve_tokens, 0)
+        stream.add(part, list(range(live)))
+        stream.advance(16, 0)  # the prompts' prefill and the first steps, left out
+        stream.take_metrics()
+        while not all(part.done):
+            stream.advance(a.segment, 0)
+        m = stream.take_metrics()
+        curve.append((live, m["rollout/ms_per_engine_step"], m["rollout/requests_per_engine_step"]))
+        print(f"curve: {live} requests, {m['rollout/ms_per_engine_step']:.2f} ms/step", flush=True)
     device = torch.cuda.get_device_name(0) if cuda else "CPU"
-    print(f"\n### bench_rollout_engine: {device}, {a.prompts} prompts x n={a.n}, up to {a.response} tokens "
-          f"(first row: warm-up)\n")
+    print(f"\n### bench_rollout_engine: {device}, host CPU {cpu_model()}, {a.prompts} prompts x n={a.n}, up to "
+          f"{a.response} tokens (first row: warm-up)\n")
     print("| path | s | tokens | tokens/s | steps (longest) | ms/step |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]:.2f} | {r[2]} | {r[3]:.0f} | {r[4]} | {r[5]:.2f} |")
+    if curve:
+        print(f"\nstream, responses of {a.curve_tokens} tokens, log-probs on, no per-sample seeds:\n")
+        print("| requests in flight | ms per engine step | requests per step (mean) |\n|---|---|---|")
+        for live, ms, mean in curve:
+            print(f"| {live} | {ms:.2f} | {mean:.0f} |")
     if hasattr(rollout, "shutdown"):
         rollout.shutdown()
     dist.destroy_process_group()
     return 0
+
+
+def cpu_model() -> str:
+    """The host CPU's model name (the engine loop's speed follows it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        import platform
+        return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":
