@@ -425,8 +425,8 @@ def test_stream_keeps_requests_live_and_resumes_after_a_sync(state):
     """Partial rollout on vLLM (`VLLMStream`): responses stay live in the engine between `advance` calls, a batch
     added later joins the running one, and without a sync a sampled response is the sync path's (same seed per
     row), every call returning each response's tokens up to its last step though the engine sends them only every
-    `stream_interval` steps. A sync pauses the live requests; they go on after it from the tokens they had (greedy: the same tokens
-    as uninterrupted), the tokens after it tagged with the new version."""
+    `stream_interval` steps. A sync pauses the live requests; they go on after it from the tokens they had (greedy:
+    the same tokens as uninterrupted), the tokens after it tagged with the new version."""
     from rlx.workers.rollout.stream import VLLMStream
     from rlx.workers.rollout_worker import VERSIONS, _Partial
 

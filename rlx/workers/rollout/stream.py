@@ -6,10 +6,11 @@ joins the running ones at the next step, and no request waits for a segment's sl
 come back as deltas and are tagged with the weights' version. The engine sends each request's deltas every
 `stream_interval` steps (rlx sets 16: building an output per request per step is what costs most with many requests
 in flight); at the end of each call the stream reads the tokens not sent yet from the engine, so every call returns
-with each response's tokens up to the last step (`_Live.got` and `_Live.sent` keep the two counts apart). A weight sync pauses the stream first (`pause`): the
-live requests are aborted, keeping the tokens they have, and the next `advance` adds each again with its prompt plus
-those tokens and the rest of its budget, so the new weights prefill it (no key/value cache of the old weights is
-kept: the sync resets the prefix cache) and it goes on from where it stopped.
+with each response's tokens up to the last step (`_Live.got` and `_Live.sent` keep the two counts apart). A weight
+sync pauses the stream first (`pause`): the live requests are aborted, keeping the tokens they have, and the next
+`advance` adds each again with its prompt plus those tokens and the rest of its budget, so the new weights prefill it
+(no key/value cache of the old weights is kept: the sync resets the prefix cache) and it goes on from where it
+stopped.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class _Live:
     resumes: int  # how many times it was paused and added again
     got: int = 0  # tokens of this request taken so far (from its deltas and from the engine's unsent ones)
     sent: int = 0  # tokens the engine has sent in its deltas
+
 
 class VLLMStream:
     """One rank's live partial-rollout requests on its vLLM engine (`rollout.llm`), by request id."""
