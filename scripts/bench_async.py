@@ -158,6 +158,12 @@ def row(mode: str, history: list[dict], base: dict | None) -> dict:
                                                                                         "timing_s/rollout/sync"),
          "wait sync s": mean_after_first(history, "timing_s/wait_sync"),
          "staleness": mean_after_first(history, "async/staleness_mean"),
+         # the rollout engine's own work (partial rollout on vLLM): its cost per step, the requests it carries, and
+         # the share of the wall time the rollout worker spends in its engine loop
+         "eng ms/step": mean_after_first(history, "rollout/ms_per_engine_step"),
+         "reqs/step": mean_after_first(history, "rollout/requests_per_engine_step"),
+         "in engine": _ratio(mean_after_first(history, "timing_s/rollout/advance"),
+                             mean_after_first(history, "timing_s/rollout/since_last")),
          "resp len mean": mean_after_first(history, "response_length/mean"),
          "resp len max": max(m["response_length/max"] for m in history),
          "score first": scores[0], "score last 5": sum(tail) / len(tail),
@@ -168,8 +174,12 @@ def row(mode: str, history: list[dict], base: dict | None) -> dict:
 
 
 COLUMNS = ["mode", "s/step", "tokens/s", "speed-up", "tok/s x", "gen s", "train s", "worker lp+upd s", "trainer idle",
-           "rollout idle", "sync s", "wait sync s", "staleness", "resp len mean", "resp len max", "score first",
-           "score last 5", "score last 5 sd"]
+           "rollout idle", "sync s", "wait sync s", "staleness", "eng ms/step", "reqs/step", "in engine",
+           "resp len mean", "resp len max", "score first", "score last 5", "score last 5 sd"]
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def table(rows: list[dict]) -> str:
