@@ -320,3 +320,27 @@ def test_bench_async_table_from_histories(monkeypatch):
     text = bench.table([sync, off1])
     header, _, *rows = text.splitlines()
     assert header.startswith("| mode ") and [r.split("|")[1].strip() for r in rows] == ["sync", "off1"]
+
+
+def test_pipeline_model_follows_the_staleness_bound():
+    """scripts/model_async.py on a case worked by hand: every response runs to the cap at a fixed cost per engine
+    step, so a batch takes G = 4096 x 2 ms. Bound 0 (on-policy) is G + T per step; bound 1 overlaps a batch with the
+    training of the one before: (G + T) / 2 while G > T, and the trainer's T once T > G."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("model_async", f"{REPO}/scripts/model_async.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    flat = model.parse_curve("1:2,512:2")
+    g = 4096 * 0.002
+
+    def step(train_s, bound):
+        return model.simulate(flat, train_s, bound=bound, batch=8, clip=1.0, steps=8)
+
+    assert step(4.0, 0)["s/step"] == pytest.approx(g + 4.0, rel=1e-3)
+    assert step(4.0, 1)["s/step"] == pytest.approx((g + 4.0) / 2, rel=1e-3)
+    assert step(10.0, 1)["s/step"] == pytest.approx(10.0, rel=1e-3)
+    assert step(4.0, 1)["G"] == pytest.approx(g, rel=1e-3)
+    assert model.step_cost(model.parse_curve("1:1,3:3"), 2) == pytest.approx(0.002)  # between the curve's points
