@@ -11,7 +11,10 @@ per-sample seeds on or off and the rollout's log-probs on or off. Printed per pa
 tokens/s, engine steps, and milliseconds per engine step. `--curve 1,64,256,512` adds a second table: the stream's
 milliseconds per engine step with that many requests in flight (fixed-length responses of `--curve-tokens`), the cost
 that grows with the requests in flight. The header names the host's CPU: the engine loop is mostly Python, so compare
-runs on one machine.
+runs on one machine. Two engines on one GPU (what a second engine loop gives a CPU-bound rollout):
+
+    CUDA_VISIBLE_DEVICES=0 python scripts/bench_rollout_engine.py --paths stream-noseed --curve 128 \
+        --gpu-memory-utilization 0.4 --together /tmp/two:2 &   # twice; against one process with --curve 256
 """
 from __future__ import annotations
 
@@ -36,6 +39,10 @@ def main() -> int:
     p.add_argument("--model-dir", default=None)
     p.add_argument("--curve", default="", help="comma-separated numbers of requests in flight (the stream path)")
     p.add_argument("--curve-tokens", type=int, default=192)
+    p.add_argument("--together", default="", help="DIR:N: start the curve once N processes have reached it (DIR "
+                   "holds one file per process)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                   help="the engine's share of the GPU (two engines on one GPU: 0.4 each)")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args()
     import torch
@@ -56,14 +63,19 @@ def main() -> int:
     path = resolve_model_path(a.model_dir) if a.model_dir else random_model_dir("qwen2.5-0.5b-longtail")
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
+        if "MASTER_PORT" not in os.environ:  # a free one: two of these may share a GPU
+            import socket
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
         dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     cfg = RolloutConfig(name="vllm", n=1, temperature=1.0, top_p=1.0, top_k=-1, do_sample=True,
-                        dtype="bfloat16" if cuda else "float32", gpu_memory_utilization=0.5, enforce_eager=not cuda,
+                        dtype="bfloat16" if cuda else "float32", gpu_memory_utilization=a.gpu_memory_utilization,
+                        enforce_eager=not cuda,
                         free_cache_engine=False, tensor_model_parallel_size=1, max_num_batched_tokens=None,
                         max_model_len=None, max_num_seqs=1024, calculate_log_probs=True, seed=0,
                         enable_chunked_prefill=None, disable_log_stats=True, engine_kwargs={}, load_format="auto")
@@ -103,6 +115,12 @@ def main() -> int:
         print(f"{path_name}: {s:.2f} s, {tokens} tokens", flush=True)
     curve = []
     rollout.ignore_eos = True  # every response exactly --curve-tokens long
+    if a.together:  # engines sharing a GPU: their curves run at the same time
+        where, count = a.together.rsplit(":", 1)
+        os.makedirs(where, exist_ok=True)
+        open(os.path.join(where, str(os.getpid())), "w").close()
+        while len(os.listdir(where)) < int(count):
+            time.sleep(0.1)
     for live in [int(x) for x in a.curve.split(",") if x]:
         rows_ids = torch.randint(3, min(1000, len(tok) - 1), (live, 24), generator=g)
         meta = dict(n=1, do_sample=True, temperature=1.0, top_p=1.0, top_k=-1, calculate_log_probs=True)
@@ -110,7 +128,7 @@ def main() -> int:
         part = _Partial(Batch({"input_ids": rows_ids, "attention_mask": torch.ones_like(rows_ids),
                                "position_ids": torch.arange(24).expand(live, 24)}, meta=meta), a.curve_tokens, 0)
         stream.add(part, list(range(live)))
-        stream.advance(16, 0)  # the prompts' prefill and the first steps, left out
+        stream.advance(min(16, a.curve_tokens // 4), 0)  # the prompts' prefill and the first steps, left out
         stream.take_metrics()
         while not all(part.done):
             stream.advance(a.segment, 0)
