@@ -45,6 +45,8 @@ def main() -> int:
                    help="the engine's share of the GPU (two engines on one GPU: 0.4 each)")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args()
+    if a.curve and a.curve_tokens > a.response:
+        p.error(f"--curve-tokens {a.curve_tokens} is more than --response {a.response} (the engine's length limit)")
     import torch
     import torch.distributed as dist
 
