@@ -204,8 +204,12 @@ def sampled_logprobs(completion, ids: list[int]) -> list[float]:
     rlx asks for `flat_logprobs=True`: the engine then keeps a request's log-probs in flat lists instead of a dict and
     a `Logprob` object per token, which costs the engine loop less per step at high concurrency. At each position the
     sampled token's entry comes first. A list of per-position dicts (flat_logprobs off) is read as well."""
-    lps = completion.logprobs
-    assert lps is not None, "vLLM returned no logprobs"
+    assert completion.logprobs is not None, "vLLM returned no logprobs"
+    return _sampled(completion.logprobs, ids)
+
+
+def _sampled(lps, ids: list[int]) -> list[float]:
+    """The log-probs of the sampled tokens `ids` in vLLM's log-probs container `lps` (flat or per-position dicts)."""
     starts = getattr(lps, "start_indices", None)
     if starts is None:
         return [float(lps[t][tok].logprob) for t, tok in enumerate(ids)]
@@ -230,9 +234,4 @@ def unsent_tokens(engine, request_id: str, sent: int, calc_log_probs: bool):
     lps = getattr(getattr(state, "logprobs_processor", None), "logprobs", None)
     if lps is None or len(lps) != len(tokens):
         return None
-    return ids, sampled_logprobs(_Completion(lps[len(lps) - len(ids):]), ids)
-
-
-@dataclass
-class _Completion:
-    logprobs: object
+    return ids, _sampled(lps[len(lps) - len(ids):], ids)
