@@ -246,7 +246,7 @@ def main() -> int:
     print(f"bench_async: {device}, job {a.job}, {a.prompts} prompts x n={a.n}, responses up to {a.response} tokens, "
           f"{a.steps} steps per mode; out {out}", flush=True)
     run_desc = {"device": device, "prompts": a.prompts, "n": a.n, "response": a.response, "steps": a.steps}
-    histories, walls, rows, runs = {}, {}, [], {}
+    histories, walls, runs = {}, {}, {}
     for mode in ([] if a.table else a.modes.split(",")):
         print(f"\n=== {mode} ===", flush=True)
         segment = [f"async_training.partial_rollout_segment={a.segment or max(32, a.response // 32)}"
@@ -282,16 +282,8 @@ def main() -> int:
             histories[mode], walls[mode] = saved["history"], saved["wall_s"]
             runs[mode] = saved.get("run")
     histories = {m: histories[m] for m in MODES if m in histories}
-    base = None
-    for mode, history in histories.items():
-        r = row(mode, history, base)
-        if mode == "sync":
-            base = r
-        rows.append(r)
-    if base is not None:
-        for r in rows:
-            r["speed-up"] = base["s/step"] / r["s/step"] if r["s/step"] else None
-            r["tok/s x"] = r["tokens/s"] / base["tokens/s"] if r["tokens/s"] and base["tokens/s"] else None
+    base = row("sync", histories["sync"], None) if "sync" in histories else None  # every row's speed-up is over it
+    rows = [row(mode, history, base) for mode, history in histories.items()]
     # the header describes the runs in the table (with --table, the saved ones', not this call's defaults)
     desc = run_desc if not a.table else next((r for r in runs.values() if r), None)
     what = ("runs of unrecorded settings" if desc is None else
