@@ -79,7 +79,8 @@ def apply_env(monkeypatch, env: dict) -> None:
 
 def wandb_records(path: str):
     """The protobuf records of a `.wandb` file: a 7-byte W&B header, then LevelDB log records in 32 KiB blocks
-    (4-byte CRC, 2-byte length, 1-byte type: 1 full, 2 first, 3 middle, 4 last)."""
+    (4-byte CRC, 2-byte length, 1-byte type: 1 full, 2 first, 3 middle, 4 last). Stops before a record that is
+    not all on disk yet."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     data = open(path, "rb").read()
@@ -91,6 +92,8 @@ def wandb_records(path: str):
         if left < 7 or (length == 0 and kind == 0):  # block trailer / zero padding
             pos += left
             continue
+        if pos + 7 + length > len(data):  # a record wandb's service is still writing: read it next time
+            return
         chunk = data[pos + 7:pos + 7 + length]
         pos += 7 + length
         parts = chunk if kind in (1, 2) else parts + chunk
