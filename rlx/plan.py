@@ -112,11 +112,18 @@ class Pool:
     """Nodes of the pool."""
     gpus_per_node: int
     """Bundles per node."""
+    ranks_per_bundle: int = 1
+    """Ranks of one worker group on each bundle (rollout.engines_per_gpu on the rollout pool; 1 elsewhere)."""
+
+    @property
+    def bundles(self) -> int:
+        """Its bundles (GPUs, or CPU worker slots)."""
+        return self.nnodes * self.gpus_per_node
 
     @property
     def world_size(self) -> int:
-        """Its bundles: the ranks of each worker group placed on it."""
-        return self.nnodes * self.gpus_per_node
+        """The ranks of each worker group placed on it: ranks_per_bundle per bundle."""
+        return self.bundles * self.ranks_per_bundle
 
 
 @dataclass(frozen=True)
@@ -140,7 +147,7 @@ class Placement:
     @property
     def bundles(self) -> int:
         """Bundles of all pools together (a local Ray on CPU declares at least that many CPUs)."""
-        return sum(p.world_size for p in self.pools.values())
+        return sum(p.bundles for p in self.pools.values())
 
 
 @dataclass(frozen=True)
@@ -213,7 +220,7 @@ def make_plan(cfg: RLXConfig, vllm_installed: Callable[[], bool] = vllm_availabl
         groups[REWARD_MODEL_GROUP] = REWARD_MODEL_POOL if own is not None else TRAINER_POOL
     async_plan = None
     if disaggregated:
-        pools[ROLLOUT_POOL] = Pool(cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node)
+        pools[ROLLOUT_POOL] = Pool(cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, cfg.rollout.engines_per_gpu)
         groups[ROLLOUT_GROUP] = ROLLOUT_POOL
         a = cfg.async_training
         bypass = uses_rollout_log_probs(cfg) or cfg.algorithm.rollout_correction.bypass_mode

@@ -30,6 +30,13 @@ class RolloutPoolConfig:
     n_gpus_per_node: int = 0
     """GPUs per node of the rollout pool (with trainer.device=cpu: CPU worker slots); 0: no rollout pool (the
     colocated layout). Each rollout rank runs one engine (vLLM tensor parallelism groups consecutive ranks)."""
+    engines_per_gpu: int = 1
+    """rlx: rollout ranks (each one engine, a process of its own) sharing each GPU of the rollout pool, each taking
+    1/engines_per_gpu of the GPU's Ray resources and actor_rollout_ref.rollout.gpu_memory_utilization of its memory.
+    An in-process engine's loop (scheduling, output processing) runs on one CPU core and costs per request in flight:
+    with a small model it, not the GPU, bounds the engine, and k engines on one GPU each carry 1/k of the requests.
+    Needs tensor_model_parallel_size=1; the weight transfer broadcasts once per engine slot (one group of one rank
+    per GPU each, as NCCL takes no two ranks of one GPU in a group)."""
     total_rollout_steps: Optional[int] = None
     """verl's fully_async key: samples to generate in all. rlx counts the run in training steps
     (trainer.total_training_steps / total_epochs); only null is accepted."""
@@ -84,11 +91,34 @@ def check_async_training(cfg) -> list[str]:
             problems.append(f"rollout.n_gpus_per_node={pool.n_gpus_per_node} gives the rollout GPUs of its own, but "
                             f"actor_rollout_ref.hybrid_engine=True shares the actor's. Fix: set "
                             f"actor_rollout_ref.hybrid_engine=False (rollout on its own GPUs), or rollout.n_gpus_per_node=0")
+        if pool.engines_per_gpu != 1:
+            problems.append(f"rollout.engines_per_gpu={pool.engines_per_gpu} places rollout ranks on the rollout "
+                            f"pool, but actor_rollout_ref.hybrid_engine=True runs one engine in each actor rank. Fix: "
+                            f"rollout.engines_per_gpu=1, or actor_rollout_ref.hybrid_engine=False")
         return problems
     if pool.n_gpus_per_node < 1 or pool.nnodes < 1:
         problems.append(f"actor_rollout_ref.hybrid_engine=False needs the rollout's own GPUs, but rollout.nnodes="
                         f"{pool.nnodes} x rollout.n_gpus_per_node={pool.n_gpus_per_node}. Fix: set "
                         f"rollout.n_gpus_per_node (e.g. 1) and rollout.nnodes")
+    k = pool.engines_per_gpu
+    if k < 1:
+        problems.append(f"rollout.engines_per_gpu={k} must be >= 1. Fix: 1 (one engine per rollout GPU)")
+    elif k > 1:
+        r = arr.rollout
+        if (r.tensor_model_parallel_size or 1) != 1:
+            problems.append(f"rollout.engines_per_gpu={k} runs whole engines side by side on one GPU, but "
+                            f"actor_rollout_ref.rollout.tensor_model_parallel_size={r.tensor_model_parallel_size} "
+                            f"spreads one engine over several. Fix: rollout.engines_per_gpu=1, or "
+                            f"actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+        from rlx.config.roles import may_run_vllm  # (roles reads the schema, which holds this module's sections)
+
+        # each vLLM engine starts only when its share is free, beside the CUDA contexts of the ones before it
+        if may_run_vllm(r.name) and k * r.gpu_memory_utilization > 0.95:
+            problems.append(f"rollout.engines_per_gpu={k} engines of actor_rollout_ref.rollout.gpu_memory_utilization="
+                            f"{r.gpu_memory_utilization} each ask for {k * r.gpu_memory_utilization:.2f} of a GPU "
+                            f"(at most 0.95 starts). "
+                            f"Fix: actor_rollout_ref.rollout.gpu_memory_utilization={math.floor(90 / k) / 100:g} "
+                            f"(or less)")
     if a.staleness_threshold < 0:
         problems.append(f"async_training.staleness_threshold={a.staleness_threshold} must be >= 0. Fix: 0 (on-policy),"
                         f" 1 (one-step-off) or more")

@@ -60,3 +60,8 @@ def reward_model_pool(cfg: RLXConfig) -> tuple[int, int] | None:
 def vllm_missing(name: str | None, vllm_installed: Callable[[], bool] = vllm_available) -> bool:
     """`name` (a rollout.name) asks for vLLM, which is not installed."""
     return name == VLLM and not vllm_installed()
+
+
+def may_run_vllm(name: str | None) -> bool:
+    """`name` (a rollout.name) may run vLLM: vllm, or auto where vLLM is installed."""
+    return name != HF

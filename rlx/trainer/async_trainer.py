@@ -255,10 +255,10 @@ class AsyncPPOTrainer(RayPPOTrainer):
         super().init_workers()  # the actor (and ref) and the critic on the trainer pool
         dtype = self.cfg.actor_rollout_ref.rollout.dtype if self.plan.placement.device == "cuda" else "float32"
         self.weights_info = self.actor.weights_info(str(dtype).replace("torch.", ""), self.plan.async_.bucket_bytes)
-        host, port = self.actor.transfer_address()
-        world = 1 + self.rollouts.world_size
-        ray.get(self.actor.open_weight_transfer(host, port, world) + self.rollouts.open_weight_transfer(host, port,
-                                                                                                        world))
+        worlds = self.rollouts.transfer_groups  # one group per engine slot of the rollout GPUs
+        host, ports = self.actor.transfer_addresses(len(worlds))
+        ray.get(self.actor.open_weight_transfer(host, list(zip(ports, worlds)))
+                + self.rollouts.open_weight_transfer(host, ports))
 
     def shutdown(self) -> None:
         if self.rollouts is not None:

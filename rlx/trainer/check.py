@@ -158,6 +158,12 @@ def describe(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None) 
         rm_pool = placement.pool_of(REWARD_MODEL_GROUP)
         own = (f"; the reward model on its own {rm_pool.nnodes} node(s) x {rm_pool.gpus_per_node} = "
                f"{rm_pool.world_size} rank(s)")
+    if plan.async_ is not None:
+        from rlx.plan import ROLLOUT_POOL
+
+        rp = placement.pools[ROLLOUT_POOL]
+        own += (f"; the rollout on its own {rp.nnodes} node(s) x {rp.gpus_per_node} x {rp.ranks_per_bundle} "
+                f"engine(s) per GPU = {rp.world_size} rank(s)")
     row("world", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {ws} rank(s) per role, device {t.device} ({dist})"
         + own)
     row("devices", devices(cfg))

@@ -121,7 +121,7 @@ class RayPPOTrainer:
         if name not in self._placed:
             p = placement.pools[name]
             self._placed[name] = ResourcePool(p.nnodes, p.gpus_per_node, placement.device,
-                                              roles=placement.sharing(name))
+                                              roles=placement.sharing(name), ranks_per_bundle=p.ranks_per_bundle)
         return self._placed[name]
 
     def shutdown(self) -> None:
@@ -234,7 +234,7 @@ class RayPPOTrainer:
             phases = [v for k, v in metrics.items() if k.startswith("perf/update_") and k.endswith(stat)]
             if phases:
                 metrics[f"perf/{stat}"] = max(phases)
-        n_gpus = sum(p.world_size for p in self.plan.placement.pools.values())
+        n_gpus = self.plan.placement.bundles
         metrics.update(compute_throughput_metrics(int(batch["attention_mask"].sum()), timing["step"], n_gpus))
         self.skip_guard.count(metrics, self.global_step)
         if self.cfg.trainer.rollout_data_dir:  # verl's: the step's rollouts as JSONL, after the update

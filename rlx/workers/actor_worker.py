@@ -164,13 +164,13 @@ class ActorRolloutRefWorker(Worker):
                 shapes.append(tuple(tensor.shape))
         return WeightsInfo(tuple(names), tuple(shapes), dtype, bucket_bytes) if self.rank == 0 else None
 
-    def open_weight_transfer(self, host: str, port: int, world_size: int) -> None:
-        """Rank 0: the source end of the trainer -> rollout group (the rollout ranks join as 1..)."""
+    def open_weight_transfer(self, host: str, groups: list[tuple[int, int]]) -> None:
+        """Rank 0: the source end of the trainer -> rollout groups ((port, world size) each; the rollout ranks join
+        as 1..)."""
         if self.rank == 0:
             from rlx.workers.weight_transfer import WeightTransfer
 
-            self.transfer = WeightTransfer(host, port, 0, world_size, self.device,
-                                           self.cfg.actor_rollout_ref.nccl_timeout)
+            self.transfer = WeightTransfer(host, groups, 0, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
 
     def send_weights(self, info) -> dict:
         """Every rank gathers the full weights (collective); rank 0 broadcasts them to the rollout ranks. Returns
@@ -233,15 +233,16 @@ class ActorGroup(WorkerGroup):
         """The policy's weight names and shapes, as the rollout receives them in `dtype`."""
         return self.run_all(ActorRolloutRefWorker.weights_info, dtype, bucket_bytes)[0]
 
-    def transfer_address(self) -> tuple[str, int]:
-        """Where the trainer -> rollout group meets: rank 0's node and a free port there."""
+    def transfer_addresses(self, groups: int) -> tuple[str, list[int]]:
+        """Where the trainer -> rollout groups meet: rank 0's node and a free port there for each group."""
         import ray
 
-        return ray.get(self.workers[0].addr_port.remote())
+        return ray.get(self.workers[0].addr_ports.remote(groups))
 
-    def open_weight_transfer(self, host: str, port: int, world_size: int):
-        """Start joining the trainer -> rollout group (non-blocking: the rollout ranks join at the same time)."""
-        return [w.open_weight_transfer.remote(host, port, world_size) for w in self.workers]
+    def open_weight_transfer(self, host: str, groups: list[tuple[int, int]]):
+        """Start joining the trainer -> rollout groups ((port, world size) each; non-blocking: the rollout ranks join
+        at the same time)."""
+        return [w.open_weight_transfer.remote(host, groups) for w in self.workers]
 
     def send_weights(self, info):
         """Start the broadcast of the weights (non-blocking); the refs give rank 0's {bytes, seconds} first."""

@@ -54,25 +54,36 @@ class Worker:
 
         return ray.util.get_node_ip_address(), os.getpid()
 
-    def addr_port(self):
+    def addr_port(self) -> tuple[str, int]:
+        """This node's address and a free port on it."""
+        host, ports = self.addr_ports(1)
+        return host, ports[0]
+
+    def addr_ports(self, n: int) -> tuple[str, list[int]]:
+        """This node's address and `n` distinct free ports on it (held together while picked)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
+        with contextlib.ExitStack() as stack:
+            socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+            for s in socks:
+                s.bind(("", 0))
+            return ray.util.get_node_ip_address(), [s.getsockname()[1] for s in socks]
 
     def process_group_timeout_s(self) -> float:
         """How long a collective of this role's process group may wait for the other ranks: verl's FSDP critic
         (and any role without an `nccl_timeout` key) uses 600 s; the actor worker overrides it."""
         return 600
 
-    def init_distributed(self, master_addr: str, master_port: int) -> None:
+    def init_distributed(self, master_addr: str, master_port: int, lone: bool = False) -> None:
+        """Join the role's process group at master_addr:master_port (`lone`: make a group of this rank alone there;
+        `self.rank` stays the rank in the role)."""
         from rlx.engine.fsdp import init_distributed
 
         if self.cfg.trainer.device == "cuda":
             # the engine picks cuda:LOCAL_RANK: make that the GPU of this worker's bundle
             os.environ["LOCAL_RANK"] = str(ray_local_gpu_index())
-        self.device = init_distributed(self.cfg.trainer.device, self.rank, self.world_size, master_addr, master_port,
+        rank, world = (0, 1) if lone else (self.rank, self.world_size)
+        self.device = init_distributed(self.cfg.trainer.device, rank, world, master_addr, master_port,
                                        timeout_s=self.process_group_timeout_s())
         torch.manual_seed(self.cfg.trainer.seed)
         # before the model: torch_memory records the allocator's history from here on

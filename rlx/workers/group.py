@@ -52,27 +52,32 @@ class ResourcePool:
     WAIT_LOG_S = 30.0
     WAIT_LIMIT_S = 600.0
 
-    def __init__(self, nnodes: int, n_gpus_per_node: int, device: str, roles: int, name: str = "rlx"):
+    def __init__(self, nnodes: int, n_gpus_per_node: int, device: str, roles: int, name: str = "rlx",
+                 ranks_per_bundle: int = 1):
         assert device in ("cuda", "cpu"), device  # resolved at config load (trainer.device)
-        self.device, self.roles = device, roles
-        self.world_size = nnodes * n_gpus_per_node
+        assert ranks_per_bundle >= 1, ranks_per_bundle
+        self.device, self.roles, self.ranks_per_bundle = device, roles, ranks_per_bundle
+        self.bundles = nnodes * n_gpus_per_node
+        self.world_size = self.bundles * ranks_per_bundle  # ranks of each group: ranks_per_bundle per bundle
         bundle = {"GPU": 1.0, "CPU": 1.0} if device == "cuda" else {"CPU": 1.0}
         self._check_cluster(bundle, nnodes, n_gpus_per_node)
-        self.pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK",
+        self.pg = placement_group([dict(bundle) for _ in range(self.bundles)], strategy="PACK",
                                   name=f"{name}_{os.getpid()}_{time.monotonic_ns()}")
         self._wait_ready(bundle)
         node_of = placement_group_table(self.pg)["bundles_to_node_id"]
         first = {}
-        for index in range(self.world_size):
+        for index in range(self.bundles):
             first.setdefault(node_of[index], index)
-        self.bundle_of_rank = sorted(range(self.world_size), key=lambda i: (first[node_of[i]], i))
+        order = sorted(range(self.bundles), key=lambda i: (first[node_of[i]], i))
+        # ranks b*k .. b*k+k-1 share the b-th bundle (k = ranks_per_bundle)
+        self.bundle_of_rank = [order[r // ranks_per_bundle] for r in range(self.world_size)]
         self.node_of_rank = [node_of[i] for i in self.bundle_of_rank]
         self._users: set[int] = set()
 
     def _check_cluster(self, bundle: dict, nnodes: int, n_gpus_per_node: int) -> None:
         total = ray.cluster_resources()
         for res, amount in bundle.items():
-            need = amount * self.world_size
+            need = amount * self.bundles
             have = total.get(res, 0.0)
             if have < need:
                 what = "GPUs" if res == "GPU" else "CPUs (one per worker slot)"
@@ -87,7 +92,7 @@ class ResourcePool:
         ready = self.pg.ready()
         while not ray.wait([ready], timeout=self.WAIT_LOG_S)[0]:
             waited = time.monotonic() - start
-            msg = (f"placement group of {self.world_size} x {bundle} not ready after {waited:.0f}s "
+            msg = (f"placement group of {self.bundles} x {bundle} not ready after {waited:.0f}s "
                    f"(available now: {ray.available_resources()})")
             if waited >= self.WAIT_LIMIT_S:
                 remove_placement_group(self.pg)
@@ -95,8 +100,9 @@ class ResourcePool:
             log.warning("%s; waiting", msg)
 
     def options(self, rank: int) -> dict:
-        """Ray actor options of `rank` of one role: pinned to its bundle, 1/roles of the bundle's resources."""
-        share = 1.0 / self.roles
+        """Ray actor options of `rank` of one role: pinned to its bundle, 1/(roles x ranks_per_bundle) of the
+        bundle's resources."""
+        share = 1.0 / (self.roles * self.ranks_per_bundle)
         opts = dict(num_cpus=share, scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=self.pg, placement_group_bundle_index=self.bundle_of_rank[rank]))
         if self.device == "cuda":
@@ -169,9 +175,11 @@ def log_tail(info: WorkerInfo, lines: int = 10) -> tuple[str, list[str]]:
 
 
 class WorkerGroup:
-    """The ranks of one role, one Ray actor per bundle of `pool`, forming one torch process group."""
+    """The ranks of one role, one Ray actor per rank of `pool`, forming one torch process group (with `lone`: each
+    rank a process group of its own, for ranks that never talk to each other, such as rollout engines several of
+    which may share a GPU, which NCCL refuses within one group)."""
 
-    def __init__(self, worker_cls, pool: ResourcePool, *args):
+    def __init__(self, worker_cls, pool: ResourcePool, *args, lone: bool = False):
         self.pool, self.world_size = pool, pool.world_size
         env = dict(WORKER_ENV, RLX_DRIVER_CWD=os.getcwd())  # relative output paths are the driver's
         for key in ("RLX_CACHE", "HF_HOME", "HF_HUB_OFFLINE", "TRITON_INTERPRET", "RLX_WEIGHT_TRANSFER"):  # (interpret: impl_backend=triton)
@@ -186,10 +194,16 @@ class WorkerGroup:
         self.info = [WorkerInfo(worker_cls.NAME, rank, node, pid) for rank, (node, pid) in
                      enumerate(ray.get([w.process_info.remote() for w in self.workers]))]
         _GROUPS.add(self)
-        addr, port = ray.get(self.workers[0].addr_port.remote())
-        ray.get([w.init_distributed.remote(addr, port) for w in self.workers])
-        log.info("%s: %d ranks, rendezvous %s:%d, rank -> (bundle, node): %s", worker_cls.__name__,
-                 self.world_size, addr, port,
+        if lone:
+            addrs = ray.get([w.addr_port.remote() for w in self.workers])
+            ray.get([w.init_distributed.remote(a, p, lone=True) for w, (a, p) in zip(self.workers, addrs)])
+            where = "one per rank"
+        else:
+            addr, port = ray.get(self.workers[0].addr_port.remote())
+            ray.get([w.init_distributed.remote(addr, port) for w in self.workers])
+            where = f"{addr}:{port}"
+        log.info("%s: %d ranks, rendezvous %s, rank -> (bundle, node): %s", worker_cls.__name__,
+                 self.world_size, where,
                  ", ".join(f"{r}->({b}, {n[:8]})" for r, (b, n) in enumerate(zip(pool.bundle_of_rank,
                                                                                pool.node_of_rank))))
 

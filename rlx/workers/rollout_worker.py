@@ -23,6 +23,7 @@ from rlx.protocol import Batch
 from rlx.workers.base_worker import Worker
 from rlx.workers.group import ResourcePool, WorkerGroup
 from rlx.workers.profiling import profiled
+from rlx.workers.weight_transfer import transfer_slots
 
 VERSIONS = "rollout_token_versions"
 """[rows, response length] int64: the policy version (training step of the weights) that produced each token."""
@@ -45,8 +46,11 @@ class RolloutWorker(Worker):
 
         r = self.cfg.actor_rollout_ref.rollout
         own = dataclasses.replace(r, calculate_log_probs=True, free_cache_engine=False)
-        self.rollout, self.tokenizer = build_rank_engine(self.cfg, self.plan.rollout.engine, self.device, self.rank,
-                                                         self.world_size, rollout_cfg=own)
+        tp = self.plan.rollout.tensor_parallel_size
+        # without tensor parallelism each rank is a process group of its own (RolloutGroup), its engine a lone world
+        rank, world = (0, 1) if tp == 1 else (self.rank, self.world_size)
+        self.rollout, self.tokenizer = build_rank_engine(self.cfg, self.plan.rollout.engine, self.device, rank, world,
+                                                         rollout_cfg=own, dp_rank=self.rank // tp)
         from rlx.workers.rollout import build_agent_rollout, build_stream
 
         # multi-turn (the agent loop) runs here too; its trajectories come back whole, each tagged with this version
@@ -57,10 +61,11 @@ class RolloutWorker(Worker):
         # vLLM: the open batches' responses, live in the engine between calls (VLLMStream); None on hf
         self.stream = None if self.agent is not None else build_stream(self.plan.rollout.engine, self.rollout)
 
-    def open_weight_transfer(self, host: str, port: int, world_size: int) -> None:
+    def open_weight_transfer(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """Join this rank's trainer -> rollout group (its engine slot's), as `rank` of `world_size`."""
         from rlx.workers.weight_transfer import WeightTransfer
 
-        self.transfer = WeightTransfer(host, port, 1 + self.rank, world_size, self.device,
+        self.transfer = WeightTransfer(host, [(port, world_size)], rank, self.device,
                                        self.cfg.actor_rollout_ref.nccl_timeout)
 
     def receive_weights(self, info, version: int) -> dict:
@@ -197,15 +202,28 @@ class RolloutGroup(WorkerGroup):
     """The rollout pool's ranks, as the driver calls them."""
 
     def __init__(self, pool: ResourcePool, cfg: RLXConfig, plan: JobPlan):
-        super().__init__(RolloutWorker, pool, cfg, plan)
+        # ranks without tensor parallelism never talk to each other: each is a process group of its own, so several
+        # may share a GPU (rollout.engines_per_gpu; NCCL takes no two ranks of one GPU in a group)
+        super().__init__(RolloutWorker, pool, cfg, plan, lone=plan.rollout.tensor_parallel_size == 1)
         self.tp = plan.rollout.tensor_parallel_size
+        self.slots = transfer_slots(self.world_size, pool.ranks_per_bundle)
+        """The ranks of each trainer -> rollout group (one group per engine slot of a GPU)."""
 
     def init_model(self) -> None:
-        self.run_all(RolloutWorker.init_model)
+        """The engines, one slot at a time: engines sharing a GPU start one after the other (vLLM sizes its KV cache
+        from what its profiling sees of the GPU's memory, which another engine starting meanwhile would change)."""
+        for ranks in self.slots:
+            ray.get([self.workers[r].init_model.remote() for r in ranks])
 
-    def open_weight_transfer(self, host: str, port: int, world_size: int):
-        """Start joining the trainer -> rollout group (non-blocking)."""
-        return [w.open_weight_transfer.remote(host, port, world_size) for w in self.workers]
+    def open_weight_transfer(self, host: str, ports: list[int]):
+        """Start joining the trainer -> rollout groups, one per slot, at `ports` (non-blocking)."""
+        return [self.workers[r].open_weight_transfer.remote(host, port, 1 + i, 1 + len(ranks))
+                for port, ranks in zip(ports, self.slots) for i, r in enumerate(ranks)]
+
+    @property
+    def transfer_groups(self) -> list[int]:
+        """Each trainer -> rollout group's world size (the trainer's rank 0 and the slot's ranks)."""
+        return [1 + len(ranks) for ranks in self.slots]
 
     def receive_weights(self, info, version: int):
         """Start receiving the weights of `version` (non-blocking; the trainer sends at the same time)."""

@@ -8,7 +8,10 @@ bucket as it fills. Every rollout rank receives the same buckets and hands their
 buckets from the same list of (name, shape), exchanged once when the group is made, so no sizes travel per sync.
 
 The group is a process group of its own (its own TCPStore rendezvous, NCCL on GPUs, gloo on CPU), made next to each
-role's own default group: neither pool's collectives see the other.
+role's own default group: neither pool's collectives see the other. With several rollout ranks on one GPU
+(rollout.engines_per_gpu=k) there are k such groups, one per engine slot: slot j holds the trainer's rank 0 and the
+j-th rollout rank of every GPU, since NCCL takes no two ranks of one GPU in a group. The source then broadcasts each
+bucket once per group (`transfer_slots` says who is in which).
 """
 from __future__ import annotations
 
@@ -59,32 +62,47 @@ def _numel(shape) -> int:
     return n
 
 
-class WeightTransfer:
-    """This process's end of the trainer -> rollout group: rank 0 is the trainer's rank 0, ranks 1.. the rollout's."""
+def transfer_slots(ranks: int, ranks_per_gpu: int) -> list[list[int]]:
+    """The rollout ranks of each transfer group: slot j holds ranks j, j + k, j + 2k, ... (k = ranks_per_gpu; ranks
+    b*k .. b*k+k-1 share GPU b), so no group has two ranks on one GPU."""
+    assert ranks % ranks_per_gpu == 0, (ranks, ranks_per_gpu)
+    return [list(range(j, ranks, ranks_per_gpu)) for j in range(ranks_per_gpu)]
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device, timeout_s: float):
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
-        store = dist.PrefixStore("rlx_weights", store)
-        self.rank, self.world_size, self.device = rank, world_size, device
+
+class WeightTransfer:
+    """This process's end of the trainer -> rollout groups: the source (rank 0, the trainer's rank 0) is in every
+    group of `groups` ((port, world size) each, rollout ranks 1.. of each); a rollout rank is in one."""
+
+    def __init__(self, host: str, groups: list[tuple[int, int]], rank: int, device: torch.device, timeout_s: float):
+        assert groups and (rank == 0 or len(groups) == 1), (groups, rank)
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.rank, self.device = rank, device
         # RLX_WEIGHT_TRANSFER=gloo: through host memory over gloo even between GPUs (slower; for a cluster whose GPUs
         # cannot reach each other over NCCL)
         self.backend = "nccl" if device.type == "cuda" and os.environ.get("RLX_WEIGHT_TRANSFER") != "gloo" else "gloo"
         self.wire = device if self.backend == "nccl" else torch.device("cpu")
+        self._stores, self.pgs = [], []
+        for port, world_size in groups:  # the source meets the groups one by one, each group's ranks wait for it
+            self.pgs.append(self._group(host, port, world_size))
+
+    def _group(self, host: str, port: int, world_size: int):
+        store = dist.TCPStore(host, port, world_size, is_master=self.rank == 0, timeout=self.timeout)
+        store = dist.PrefixStore("rlx_weights", store)
+        self._stores.append(store)  # the group keeps using it
         if self.backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
-            if hasattr(self.pg, "_set_sequence_number_for_group"):  # what init_process_group does for its groups
-                self.pg._set_sequence_number_for_group()
-        else:
-            self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-        self._store = store  # the group keeps using it
+            opts._timeout = self.timeout
+            pg = dist.ProcessGroupNCCL(store, self.rank, world_size, opts)
+            if hasattr(pg, "_set_sequence_number_for_group"):  # what init_process_group does for its groups
+                pg._set_sequence_number_for_group()
+            return pg
+        return dist.ProcessGroupGloo(store, self.rank, world_size, self.timeout)
 
     def _broadcast(self, buf: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = 0, 0
-        self.pg.broadcast([buf], opts).wait()
+        for pg in self.pgs:  # the source: to one group after the other (no two NCCL groups waiting on each other)
+            pg.broadcast([buf], opts).wait()
         if buf.is_cuda:
             torch.cuda.current_stream().synchronize()
 
@@ -122,8 +140,9 @@ class WeightTransfer:
                 off += n
 
     def close(self) -> None:
-        if hasattr(self.pg, "shutdown"):
-            try:
-                self.pg.shutdown()
-            except Exception:  # noqa: BLE001 -- best effort at exit
-                pass
+        for pg in self.pgs:
+            if hasattr(pg, "shutdown"):
+                try:
+                    pg.shutdown()
+                except Exception:  # noqa: BLE001 -- best effort at exit
+                    pass

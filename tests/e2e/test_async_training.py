@@ -60,3 +60,22 @@ def test_partial_rollout_generates_admitted_batches_together(ray_local, tmp_path
     if engine == "vllm":  # the engine's work between two syncs
         assert sum(m["rollout/engine_steps"] for m in hist) > 0
         assert all(m["rollout/requests_per_engine_step"] > 0 for m in hist if m["rollout/engine_steps"])
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_two_engines_share_one_rollout_slot(ray_local, tmp_path, engine):
+    """rollout.engines_per_gpu=2 on one rollout slot: two rollout ranks, each a lone process group, on one bundle;
+    the weights reach each through a transfer group of its own (one per engine slot). On-policy (staleness 0) every
+    sample's rollout log-probs are the trainer's, so neither engine generated with other weights than the trainer's,
+    at every step (a rank left without the sync would sample with its first weights)."""
+    if engine == "vllm":
+        pytest.importorskip("vllm")
+    hist = _fit(COMMON + [f"actor_rollout_ref.rollout.name={engine}", "actor_rollout_ref.hybrid_engine=False",
+                          "async_training.staleness_threshold=0", "rollout.n_gpus_per_node=1",
+                          "rollout.engines_per_gpu=2", "actor_rollout_ref.rollout.gpu_memory_utilization=0.45"],
+                tmp_path, async_=True)
+    assert [m["async/rollout_version"] for m in hist] == [1.0, 2.0, 3.0]
+    for m in hist:
+        assert m["training/rollout_probs_diff_mean"] < 1e-4 and m["async/staleness_max"] == 0.0
+        assert m["perf/sync_weights_gb"] > 0

@@ -137,3 +137,8 @@ def test_bundles_numbered_node_by_node(monkeypatch):
     opts = pool.options(1)
     assert opts["num_gpus"] == 0.5 and opts["num_cpus"] == 0.5
     assert opts["scheduling_strategy"].placement_group_bundle_index == 2
+    # rollout.engines_per_gpu=2: ranks 2b and 2b+1 share bundle b (node by node), each with half of it
+    two = group.ResourcePool(nnodes=2, n_gpus_per_node=2, device="cuda", roles=1, ranks_per_bundle=2)
+    assert (two.bundles, two.world_size) == (4, 8)
+    assert two.bundle_of_rank == [0, 0, 2, 2, 1, 1, 3, 3]
+    assert two.options(3)["num_gpus"] == 0.5 and two.options(3)["scheduling_strategy"].placement_group_bundle_index == 2

@@ -83,6 +83,43 @@ def test_plan_pools_and_staleness_bound(threshold, bound):
     assert plan.async_.default_is_correction == (bound > 0)
 
 
+@pytest.mark.parametrize("extra,match", [
+    (["rollout.engines_per_gpu=0"], r"rollout.engines_per_gpu=0 must be >= 1"),
+    (["rollout.engines_per_gpu=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+     r"tensor_model_parallel_size=2 spreads one engine.*Fix: rollout.engines_per_gpu=1"),
+    (["rollout.engines_per_gpu=3", "actor_rollout_ref.rollout.name=vllm",
+      "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"],
+     r"3 engines of actor_rollout_ref.rollout.gpu_memory_utilization=0.5 each ask for 1.50 of a GPU \(at most 0.95 "
+     r"starts\). Fix: actor_rollout_ref.rollout.gpu_memory_utilization=0.3 "),
+    (["rollout.engines_per_gpu=2", "actor_rollout_ref.rollout.name=vllm",
+      "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"], r"Fix: actor_rollout_ref.rollout.gpu_memory_utilization=0.45 "),
+])
+def test_engines_per_gpu_rules(extra, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(DISAGG + extra)
+
+
+def test_engines_per_gpu_is_refused_colocated():
+    with pytest.raises(ValueError, match=r"rollout.engines_per_gpu=2 places rollout ranks.*Fix: "
+                                         r"rollout.engines_per_gpu=1, or actor_rollout_ref.hybrid_engine=False"):
+        load_config(["rollout.engines_per_gpu=2", "trainer.device=cpu"])
+
+
+def test_engines_per_gpu_places_several_ranks_per_bundle():
+    """Two engines on each of 2 rollout GPUs: 4 rollout ranks on 2 bundles; the job counts 3 GPUs; the transfer
+    groups (one per engine slot) each hold one rank per GPU."""
+    from rlx.workers.weight_transfer import transfer_slots
+
+    cfg = load_config(DISAGG + ["rollout.n_gpus_per_node=2", "rollout.engines_per_gpu=2"])
+    pool = make_plan(cfg, vllm_installed=lambda: False).placement
+    assert (pool.pools[ROLLOUT_POOL].world_size, pool.pools[ROLLOUT_POOL].bundles) == (4, 2)
+    assert pool.bundles == 3
+    assert transfer_slots(4, 2) == [[0, 2], [1, 3]]  # ranks 0, 1 share GPU 0 and ranks 2, 3 GPU 1
+    assert transfer_slots(3, 1) == [[0, 1, 2]]
+    hf_two = load_config(DISAGG + ["rollout.engines_per_gpu=2", "actor_rollout_ref.rollout.gpu_memory_utilization=0.9"])
+    assert hf_two.rollout.engines_per_gpu == 2  # hf takes no share of the GPU's memory up front
+
+
 def test_colocated_plan_has_no_async_part():
     plan = make_plan(load_config(["trainer.device=cpu"]), vllm_installed=lambda: False)
     assert plan.async_ is None and not plan.rollout.disaggregated and ROLLOUT_POOL not in plan.placement.pools

@@ -35,18 +35,20 @@ def build_rollout(name: str, **kwargs):
 
 def build_engine(engine: str, *, model_path: str, rollout_cfg: RolloutConfig, max_prompt_length: int,
                  max_response_length: int, rank: int, world_size: int, pad_token_id: int, eos_token_id,
-                 dtype: str, device, trust_remote_code: bool, offload_when_released: bool = False):
+                 dtype: str, device, trust_remote_code: bool, offload_when_released: bool = False,
+                 dp_rank: int | None = None):
     """The generation engine `engine` (vllm | hf, as a job plan names it) over `model_path` on `device` (a
     torch.device), with what each takes: vLLM reads `rollout_cfg`'s engine settings (sleep mode, tensor
     parallelism, ...), hf its calculate_log_probs and ignore_eos. `dtype`: a torch dtype's name. With
     `offload_when_released` the hf model moves to the CPU between calls on a GPU (vLLM sleeps by
-    rollout_cfg.free_cache_engine)."""
+    rollout_cfg.free_cache_engine). `dp_rank`: the vLLM engine's data-parallel replica (its seeds), when it is not
+    rank // tensor parallelism (an engine in a process group of its own)."""
     if engine == "vllm":
         return build_rollout("vllm", model_path=model_path, rollout_cfg=rollout_cfg,
                              max_prompt_length=max_prompt_length, max_response_length=max_response_length,
                              rank=rank, world_size=world_size, pad_token_id=pad_token_id,
                              eos_token_id=eos_token_id, dtype=dtype, device=device.type,
-                             trust_remote_code=trust_remote_code)
+                             trust_remote_code=trust_remote_code, dp_rank=dp_rank)
     import torch
 
     extra = {"offload_when_released": True} if offload_when_released and device.type == "cuda" else {}
@@ -70,9 +72,11 @@ def build_tokenizer(cfg):
     return tok
 
 
-def build_rank_engine(cfg, engine: str, device, rank: int, world_size: int, rollout_cfg: RolloutConfig | None = None):
+def build_rank_engine(cfg, engine: str, device, rank: int, world_size: int, rollout_cfg: RolloutConfig | None = None,
+                      dp_rank: int | None = None):
     """The rollout engine of one worker rank (`engine`: the plan's, vllm | hf) over the policy model, and the
-    tokenizer. `rollout_cfg`: actor_rollout_ref.rollout, or a variant of it (the disaggregated rollout's)."""
+    tokenizer. `rollout_cfg`: actor_rollout_ref.rollout, or a variant of it (the disaggregated rollout's); `rank`
+    and `world_size`: in the process group the engine lives in; `dp_rank`: see build_engine."""
     from rlx.models import local_model_path
 
     arr, data = cfg.actor_rollout_ref, cfg.data
@@ -83,7 +87,7 @@ def build_rank_engine(cfg, engine: str, device, rank: int, world_size: int, roll
                            max_prompt_length=data.max_prompt_length, max_response_length=data.max_response_length,
                            rank=rank, world_size=world_size, pad_token_id=tok.pad_token_id,
                            eos_token_id=tok.eos_token_id, dtype=dtype, device=device,
-                           trust_remote_code=arr.model.trust_remote_code)
+                           trust_remote_code=arr.model.trust_remote_code, dp_rank=dp_rank)
     return rollout, tok
 
 

@@ -158,7 +158,7 @@ class VLLMRollout:
     def __init__(self, model_path: str, rollout_cfg: RolloutConfig, *, max_prompt_length: int,
                  max_response_length: int, rank: int = 0, world_size: int = 1, pad_token_id: int,
                  eos_token_id: int | list[int], dtype: str | None = None, device: str = "cpu",
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, dp_rank: int | None = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
             raise RuntimeError("VLLMRollout runs the engine in-process: VLLM_ENABLE_V1_MULTIPROCESSING must be 0 "
@@ -183,7 +183,8 @@ class VLLMRollout:
         if self.tp > 1 and device != "cuda":
             raise ValueError("rollout.tensor_model_parallel_size > 1 needs GPUs; on CPU every rank runs its "
                              "own engine (data parallel): set it to 1")
-        self.dp_rank = self.rank // self.tp
+        # the data-parallel replica (its seeds): rank // tp, or given for an engine that is a world of its own
+        self.dp_rank = self.rank // self.tp if dp_rank is None else int(dp_rank)
         self.free_cache_engine = bool(rollout_cfg.free_cache_engine)
         self.calculate_log_probs = bool(rollout_cfg.calculate_log_probs)
         self.ignore_eos = bool(rollout_cfg.ignore_eos)
