@@ -92,7 +92,8 @@ def test_plan_pools_and_staleness_bound(threshold, bound):
      r"3 engines of actor_rollout_ref.rollout.gpu_memory_utilization=0.5 each ask for 1.50 of a GPU \(at most 0.95 "
      r"starts\). Fix: actor_rollout_ref.rollout.gpu_memory_utilization=0.3 "),
     (["rollout.engines_per_gpu=2", "actor_rollout_ref.rollout.name=vllm",
-      "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"], r"Fix: actor_rollout_ref.rollout.gpu_memory_utilization=0.45 "),
+      "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"],
+     r"Fix: actor_rollout_ref.rollout.gpu_memory_utilization=0.45 "),
 ])
 def test_engines_per_gpu_rules(extra, match):
     with pytest.raises(ValueError, match=match):
