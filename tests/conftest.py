@@ -102,20 +102,16 @@ def _gloo_per_strategy(rank: int, world: int, port: int, root: str, check) -> No
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                          world_size=world)
-    passed = False
     try:
         for strategy in ("fsdp", "fsdp2"):
             try:
                 check(rank, strategy, os.path.join(root, strategy))
             except Exception as e:
                 raise AssertionError(f"[strategy={strategy} rank={rank}] {type(e).__name__}: {e}") from e
-        passed = True
     finally:
-        if passed:
-            # no rank closes its gloo connections while another's last collective may still be in flight (the
-            # one crash seen here was elsewhere: a heap corruption in gloo mid-test, docs/testing.md)
-            torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        from ranks import end_rank
+
+        end_rank()  # passed: a barrier, the group destroyed, the process gone (tests/ranks.py)
 
 
 def spawn_per_strategy(check, root: str, world: int = 2) -> None:

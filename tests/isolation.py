@@ -136,7 +136,9 @@ def destroy_process_group() -> None:
 
 def ray_up() -> bool:
     ray = sys.modules.get("ray")  # never imported here: the GPU engine tests run without Ray
-    return ray is not None and ray.is_initialized()
+    # asked of ray._private.worker, which `ray.is_initialized` re-exports: a test's monkeypatch of it is not seen (the
+    # monkeypatch fixture may still be in place when this runs)
+    return ray is not None and ray._private.worker.is_initialized()
 
 
 def ray_taken() -> dict[str, float]:

@@ -283,13 +283,15 @@ class AsyncPPOTrainer(RayPPOTrainer):
         """Send the trainer's weights (of step global_step) to the rollout workers, between two of their calls."""
         import ray
 
+        from rlx.workers.group import reduce_metrics
+
         start = time.perf_counter()
         with self.gate.paused():
             waited = time.perf_counter() - start
             sent = self.actor.send_weights(self.weights_info)
             got = self.rollouts.receive_weights(self.weights_info, self.global_step)
             stats = ray.get(sent)[0]
-            received = ray.get(got)[0]
+            received = reduce_metrics(ray.get(got))  # the rollout ranks' mean (their engines' work)
             self.gate.set_version(self.global_step)
         if metrics is not None:
             metrics.update({k: v for k, v in received.items() if k.startswith(("rollout/", "timing_s/rollout/"))})

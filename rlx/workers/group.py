@@ -229,7 +229,7 @@ class WorkerGroup:
         outs = ray.get(refs)[::replicas]
         out = Batch.concat(outs)
         if "metrics" in outs[0].meta:  # per-rank metrics of the call (timings, memory): reduced over ranks
-            out.meta = dict(out.meta, metrics=_reduce([o.meta["metrics"] for o in outs]))
+            out.meta = dict(out.meta, metrics=reduce_metrics([o.meta["metrics"] for o in outs]))
         return out.slice(0, size) if pad else out
 
     def run_dp_metrics(self, method: Method, batch: Batch, replicas: int = 1, **kwargs) -> dict:
@@ -240,7 +240,7 @@ class WorkerGroup:
         chunks = batch.chunk(self.world_size // replicas)
         outs = ray.get([getattr(w, _name(method)).remote(chunks[rank // replicas], **kwargs)
                         for rank, w in enumerate(self.workers)])
-        return _reduce(outs)
+        return reduce_metrics(outs)
 
     def start_profile(self, step: int) -> None:
         """Every rank: a profiled window begins (or goes on) at training step `step` (rlx.workers.profiling)."""
@@ -263,7 +263,7 @@ def _name(method: Method) -> str:
     return method if isinstance(method, str) else method.__name__
 
 
-def _reduce(outs: list[dict]) -> dict:
+def reduce_metrics(outs: list[dict]) -> dict:
     """The rank-mean of per-rank metric dicts; memory figures are the max over ranks."""
     return {k: (max(o[k] for o in outs) if _is_peak(k) else sum(o[k] for o in outs) / len(outs)) for k in outs[0]}
 

@@ -281,8 +281,9 @@ def _two_rank_worker(rank: int, world: int, port: int, path: str, result_dir: st
     torch.save({"vllm": out["responses"], "hf": hf, "fsdp1_ok": fsdp1_ok},
                os.path.join(result_dir, f"rank{rank}.pt"))
     rollout.shutdown()
-    dist.barrier()  # the worker's group survives the engine's shutdown
-    dist.destroy_process_group()
+    from ranks import end_rank
+
+    end_rank()  # a barrier (the worker's group survives the engine's shutdown), the group destroyed, the process gone
 
 
 def test_two_gloo_ranks(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ranks import end_rank
 from rlx.protocol import Batch
 from rlx.engine.packing import balanced_partition, micro_batches, restore_order, token_inputs
 
@@ -274,4 +275,4 @@ def _worker(rank, world, port, strategy):
                 e.update_critic(batch)
                 _close(g, c_one, tol, f"{strategy} critic grads {mode} {name}")
     finally:
-        torch.distributed.destroy_process_group()
+        end_rank()

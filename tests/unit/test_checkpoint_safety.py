@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from ranks import end_rank
 from rlx import checkpoint as ckpt
 from rlx.checkpoint import engine_state
 from rlx.trainer.cli import main
@@ -313,7 +314,7 @@ def _two_ranks(rank: int, world: int, port: int, root: str, where: str) -> None:
             load_whole(get_optimizer_state_dict(model, opt), str(step / "actor" / "optim"), "fix", partial=True)
         assert not marker.exists(), f"rank {rank}: loading ran the checkpoint's code"
     finally:
-        dist.destroy_process_group()
+        end_rank()
 
 
 # ---------------------------------------------------------------------------------------------- whole: every key
@@ -381,6 +382,5 @@ def _fsdp1_optimizer_ranks(rank: int, world: int, port: int, root: str) -> None:
         assert [g["lr"] for g in fresh_opt.param_groups] == [0.123], f"rank {rank}: {fresh_opt.param_groups[0]['lr']}"
         assert all(torch.equal(opt.state[p]["exp_avg"], fresh_opt.state[q]["exp_avg"])
                    for p, q in zip(model.parameters(), fresh.parameters()) if p in opt.state)
-        dist.barrier()  # no rank tears the group down while the other's last collective is in flight (gloo aborts)
     finally:
-        dist.destroy_process_group()
+        end_rank()

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ranks import end_rank
 from rlx.offload import ActivationOffloadConfig, apply_activation_offload, find_decoder_layers
 
 import transformers  # noqa: E402 - a dependency of rlx (pyproject), never skipped
@@ -231,9 +232,8 @@ def _fsdp_worker(rank: int, world: int, port: int, strategy: str):
         assert ockd[3][-1]["n_groups"] == 6, ockd[3][-1]
         # with checkpointing only layer inputs are saved: far fewer bytes than offloading everything
         assert 0 < ock[3][-1]["offloaded_bytes_last_step"] < st["offloaded_bytes_last_step"] / 4
-        torch.distributed.barrier()  # both ranks done before rank 0's store goes (gloo aborted a peer once)
     finally:
-        torch.distributed.destroy_process_group()
+        end_rank()
 
 
 BOUND_1MIB = ActivationOffloadConfig(min_tensor_bytes=0, pin_memory=False, max_pool_bytes=1 << 20)
@@ -258,9 +258,8 @@ def _fsdp_cases_worker(rank: int, world: int, port: int, strategy: str):
         st = got[3][-1]
         assert st["offloaded_bytes_last_step"] > 0 and st["kept_bytes_last_step"] > 0, st
         assert 0 < st["pool_bytes"] <= 1 << 20, st
-        torch.distributed.barrier()  # both ranks done before rank 0's store goes (gloo aborted a peer once)
     finally:
-        torch.distributed.destroy_process_group()
+        end_rank()
 
 
 # ---------------------------------------------------------------- single process, no FSDP

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ranks import end_rank
 from rlx.algos import core_algos
 from rlx.ops import apply_tiled_mlp, log_probs_from_hidden
 
@@ -436,7 +437,7 @@ def _fsdp_worker(rank: int, world: int, port: int, path: str):
                 if exact:
                     assert all(torch.equal(a, b) for a, b in zip(ref[2], got[2])), f"{what}: params differ"
     finally:
-        torch.distributed.destroy_process_group()
+        end_rank()
 
 
 # ================================================================ CUDA: same results, lower peak (pytest -m gpu)

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from ranks import end_rank
 from rlx.config.schema import RolloutConfig
 from rlx.protocol import Batch
 
@@ -124,7 +125,7 @@ def _prefetch_worker(rank, world, port):
         assert torch.equal(plain.compute_log_prob(batch, 2)["log_probs"], prefetch.compute_log_prob(batch, 2)["log_probs"])
         assert plain.update_policy(batch)["actor/pg_loss"] == prefetch.update_policy(batch)["actor/pg_loss"]
     finally:
-        torch.distributed.destroy_process_group()
+        end_rank()
 
 
 def test_offload_policy_is_fsdp2_only():

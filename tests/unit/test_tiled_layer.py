@@ -18,6 +18,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
+from ranks import end_rank
 from rlx.ops import apply_tiled_layers
 
 
@@ -293,7 +294,7 @@ def _fsdp_worker(rank: int, world: int, port: int, path: str):
                 else:
                     assert torch.equal(g0[n], g1[n]), f"{what}: grad {n} differs"
     finally:
-        torch.distributed.destroy_process_group()
+        end_rank()
 
 
 # ---------------------------------------------------------------- the breakdown's census (scripts/memory_census.py)

@@ -15,6 +15,8 @@ import sys
 import pytest
 import torch
 
+from ranks import end_rank
+
 CPU = not torch.cuda.is_available()
 if CPU:  # TRITON_INTERPRET is read when the kernels are decorated (at import) and while they run (`interpret`)
     _before = os.environ.get("TRITON_INTERPRET")
@@ -273,4 +275,4 @@ def _actor_worker(rank, world, port):
         for k in keys:
             assert m_x[k] == pytest.approx(m_t[k], rel=1e-4, abs=1e-6), (k, m_x[k], m_t[k])
     finally:
-        torch.distributed.destroy_process_group()
+        end_rank()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ranks import end_rank
 from conftest import free_port as _free_port
 from unit.test_batch_shaping import _capture_grads, _cfg, lengths_batch
 
@@ -142,7 +143,7 @@ def _exactness_worker(rank, world, port, strategy, sps, cases, device_type="cpu"
         if rank == 0:
             print("ULYSSES WORST", WORST)
     finally:
-        torch.distributed.destroy_process_group()
+        end_rank()
 
 
 def _spawn(fn, world, *args):
@@ -175,7 +176,7 @@ def _memory_worker(rank, world, port, out_file):
         if rank == 0:
             torch.save(got, out_file)
     finally:
-        torch.distributed.destroy_process_group()
+        end_rank()
 
 
 # ---- validation (before Ray starts) ----------------------------------------------------------------------------
@@ -272,7 +273,7 @@ def _bf16_logprob_worker(rank, world, port, device_type, out_file):
         if rank == 0:
             torch.save(dict(out, mask=batch["response_mask"].bool()), out_file)
     finally:
-        torch.distributed.destroy_process_group()
+        end_rank()
 
 
 def bf16_noise_check(got: dict) -> str:
