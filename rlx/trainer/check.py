@@ -162,8 +162,8 @@ def describe(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None) 
         from rlx.plan import ROLLOUT_POOL
 
         rp = placement.pools[ROLLOUT_POOL]
-        own += (f"; the rollout on its own {rp.nnodes} node(s) x {rp.gpus_per_node} x {rp.ranks_per_bundle} "
-                f"engine(s) per GPU = {rp.world_size} rank(s)")
+        own += (f"; the rollout on its own {rp.nnodes} node(s) x {rp.gpus_per_node} GPU(s) x {rp.ranks_per_bundle} "
+                f"engine(s) each = {rp.world_size} rank(s)")
     row("world", f"{t.nnodes} node(s) x {t.n_gpus_per_node} = {ws} rank(s) per role, device {t.device} ({dist})"
         + own)
     row("devices", devices(cfg))

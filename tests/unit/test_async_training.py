@@ -382,3 +382,12 @@ def test_pipeline_model_follows_the_staleness_bound():
     assert step(10.0, 1)["s/step"] == pytest.approx(10.0, rel=1e-3)
     assert step(4.0, 1)["G"] == pytest.approx(g, rel=1e-3)
     assert model.step_cost(model.parse_curve("1:1,3:3"), 2) == pytest.approx(0.002)  # between the curve's points
+
+
+def test_check_names_the_rollout_pool_and_its_engines():
+    from rlx.trainer.check import describe
+
+    cfg = load_config(DISAGG + ["rollout.n_gpus_per_node=2", "rollout.engines_per_gpu=2"])
+    world = next(line for line in describe(cfg, make_plan(cfg, vllm_installed=lambda: False)).splitlines()
+                 if line.strip().startswith("world"))
+    assert world.endswith("; the rollout on its own 1 node(s) x 2 GPU(s) x 2 engine(s) each = 4 rank(s)"), world
