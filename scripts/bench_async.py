@@ -14,6 +14,8 @@ Modes (--modes, comma-separated, run in this order):
           for the segment in flight): every admitted batch starts at once and the rollout advances them together,
           so the next batch fills the engine during a batch's long tail
   async2  the same, staleness 2
+  async1e2  async1 with two engines on the rollout GPU (rollout.engines_per_gpu=2, each with at most 0.45 of its
+          memory): two engine loops, each carrying half of the requests
 
 Jobs (--job):
   longtail  GRPO with a KL loss on Qwen2.5-0.5B dims with random bf16 weights whose head ends responses at widely
@@ -58,7 +60,11 @@ MODES = {
                "async_training.partial_rollout=True"],
     "async2": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=2",
                "async_training.partial_rollout=True"],
+    "async1e2": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=1",
+                 "async_training.partial_rollout=True", "rollout.engines_per_gpu=2"],
 }
+ENGINES_PER_GPU = {"async1e2": 2}
+"""Modes with several engines per rollout GPU: each engine gets at most 0.9 / k of the GPU's memory."""
 
 
 def pools(mode: str, gpus: int) -> list[str]:
@@ -251,7 +257,10 @@ def main() -> int:
         print(f"\n=== {mode} ===", flush=True)
         segment = [f"async_training.partial_rollout_segment={a.segment or max(32, a.response // 32)}"
                    ] if "async" in mode else []
-        keys = job + MODES[mode] + segment + pools(mode, a.gpus) + [
+        k = ENGINES_PER_GPU.get(mode, 1)
+        share = [f"actor_rollout_ref.rollout.gpu_memory_utilization={min(a.gpu_memory_utilization, 0.9 / k):.2f}"
+                 ] if k > 1 else []
+        keys = job + MODES[mode] + segment + share + pools(mode, a.gpus) + [
             f"trainer.device={'cpu' if a.smoke else 'cuda'}", "trainer.nnodes=1",
             f"trainer.total_training_steps={a.steps}", "trainer.save_freq=-1", "trainer.logger=[console,file]",
             f"trainer.default_local_dir={os.path.join(out, mode)}"]
