@@ -72,8 +72,9 @@ def record_reads(obj, prefix: str = "") -> None:
 
 
 class InProcessPool:
-    def __init__(self, nnodes, n_gpus_per_node, device, roles):
-        self.world_size = nnodes * n_gpus_per_node
+    def __init__(self, nnodes, n_gpus_per_node, device, roles, ranks_per_bundle=1):
+        self.ranks_per_bundle = ranks_per_bundle
+        self.world_size = nnodes * n_gpus_per_node * ranks_per_bundle
         assert self.world_size == 1, "the recording run is one process"
 
 
@@ -81,7 +82,7 @@ class InProcessGroup:
     """`WorkerGroup`'s methods for one rank living in this process (patched into the class, so that the role
     groups deriving from it use them)."""
 
-    def __init__(self, worker_cls, pool, *args):
+    def __init__(self, worker_cls, pool, *args, lone=False):
         import socket
 
         self.pool, self.world_size = pool, 1
