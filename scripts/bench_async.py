@@ -63,8 +63,6 @@ MODES = {
     "async1e2": ["actor_rollout_ref.hybrid_engine=False", "async_training.staleness_threshold=1",
                  "async_training.partial_rollout=True", "rollout.engines_per_gpu=2"],
 }
-ENGINES_PER_GPU = {"async1e2": 2}
-"""Modes with several engines per rollout GPU: each engine gets at most 0.9 / k of the GPU's memory."""
 
 
 def pools(mode: str, gpus: int) -> list[str]:
@@ -257,7 +255,8 @@ def main() -> int:
         print(f"\n=== {mode} ===", flush=True)
         segment = [f"async_training.partial_rollout_segment={a.segment or max(32, a.response // 32)}"
                    ] if "async" in mode else []
-        k = ENGINES_PER_GPU.get(mode, 1)
+        # several engines per rollout GPU (rollout.engines_per_gpu=k): each gets at most 0.9 / k of its memory
+        k = next((int(key.split("=")[1]) for key in MODES[mode] if key.startswith("rollout.engines_per_gpu=")), 1)
         share = [f"actor_rollout_ref.rollout.gpu_memory_utilization={min(a.gpu_memory_utilization, 0.9 / k):.2f}"
                  ] if k > 1 else []
         keys = job + MODES[mode] + segment + share + pools(mode, a.gpus) + [

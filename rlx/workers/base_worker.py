@@ -74,15 +74,17 @@ class Worker:
         (and any role without an `nccl_timeout` key) uses 600 s; the actor worker overrides it."""
         return 600
 
-    def init_distributed(self, master_addr: str, master_port: int, lone: bool = False) -> None:
-        """Join the role's process group at master_addr:master_port (`lone`: make a group of this rank alone there;
-        `self.rank` stays the rank in the role)."""
+    def init_distributed(self, master_addr: str | None = None, master_port: int | None = None) -> None:
+        """Join the role's process group at master_addr:master_port; without an address, make a group of this rank
+        alone, at a free port of its node (`self.rank` stays the rank in the role)."""
         from rlx.engine.fsdp import init_distributed
 
         if self.cfg.trainer.device == "cuda":
             # the engine picks cuda:LOCAL_RANK: make that the GPU of this worker's bundle
             os.environ["LOCAL_RANK"] = str(ray_local_gpu_index())
-        rank, world = (0, 1) if lone else (self.rank, self.world_size)
+        rank, world = self.rank, self.world_size
+        if master_addr is None:
+            (master_addr, master_port), rank, world = self.addr_port(), 0, 1
         self.device = init_distributed(self.cfg.trainer.device, rank, world, master_addr, master_port,
                                        timeout_s=self.process_group_timeout_s())
         torch.manual_seed(self.cfg.trainer.seed)

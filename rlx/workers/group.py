@@ -195,8 +195,7 @@ class WorkerGroup:
                      enumerate(ray.get([w.process_info.remote() for w in self.workers]))]
         _GROUPS.add(self)
         if lone:
-            addrs = ray.get([w.addr_port.remote() for w in self.workers])
-            ray.get([w.init_distributed.remote(a, p, lone=True) for w, (a, p) in zip(self.workers, addrs)])
+            ray.get([w.init_distributed.remote() for w in self.workers])  # each rank a group of its own
             where = "one per rank"
         else:
             addr, port = ray.get(self.workers[0].addr_port.remote())
