@@ -35,6 +35,7 @@ class Group:
 
 GROUPS = {
     1: Group("engines, kernels and offload in the pytest process (no Ray, no vLLM)", 1, ("hydra",), {
+        "tests/e2e/test_attention_gpu.py": 15,
         "tests/e2e/test_engine_gpu.py": 25,
         "tests/e2e/test_liger_gpu.py": 20,  # skipped without liger_kernel
         "tests/e2e/test_long_gpu.py": 30,

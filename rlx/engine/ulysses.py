@@ -24,7 +24,6 @@ ranks of a group): see `FSDPEngine.run_update`.
 """
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
 import torch
@@ -115,20 +114,21 @@ def gather_scored(local: torch.Tensor, local_index: torch.Tensor, local_len: int
 
 # ---- attention -----------------------------------------------------------------------------------------------
 def _inner_attention(module, q, k, v, dropout: float, scaling, cu_seq_lens: torch.Tensor, longest: int):
-    """Causal attention per packed sequence over the whole row: q/k/v `[1, h, tokens, d]` -> `[1, tokens, h, d]`;
-    flash-attn's varlen kernel where installed (CUDA, half precision), else PyTorch SDPA per sequence."""
-    if q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) \
-            and importlib.util.find_spec("flash_attn") is not None:  # flash-attn's varlen kernel (half precision)
+    """Causal attention per packed sequence over the whole row: q/k/v `[1, h, tokens, d]` -> `[1, tokens, h, d]`,
+    by the machine's packed kernel (`rlx.engine.attention.packed_kernel`): flash-attn's varlen function where
+    installed (CUDA, half precision), torch's varlen kernel, else PyTorch SDPA per sequence."""
+    from rlx.engine.attention import packed_attention, packed_kernel
+
+    kernel = packed_kernel(q.device.type)
+    if kernel == "flash-attn" and q.dtype in (torch.float16, torch.bfloat16):
         from flash_attn import flash_attn_varlen_func
 
         cu = cu_seq_lens.to(device=q.device, dtype=torch.int32)
         out = flash_attn_varlen_func(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu,
                                      longest, longest, dropout_p=dropout, softmax_scale=scaling, causal=True)
         return out.unsqueeze(0)
-    from rlx.engine.attention import _packed_sdpa
-
-    out, _ = _packed_sdpa(module, q, k, v, None, dropout=dropout, scaling=scaling, cu_seq_lens_q=cu_seq_lens)
-    return out
+    return packed_attention(q, k, v, cu_seq_lens, longest, dropout, scaling,
+                            "varlen" if kernel == "varlen" else "sdpa-per-sequence")
 
 
 def ulysses_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

@@ -276,3 +276,28 @@ def _worker(rank, world, port, strategy):
                 _close(g, c_one, tol, f"{strategy} critic grads {mode} {name}")
     finally:
         end_rank()
+
+
+def test_packed_kernel_on_a_cpu_is_sdpa_per_sequence():
+    """No varlen kernel on a CPU: the per-sequence SDPA is registered and chosen (the GPU choice is tested in
+    tests/e2e/test_attention_gpu.py)."""
+    from rlx.engine.attention import PACKED_SDPA, packed_attn_implementation, packed_kernel
+
+    assert packed_kernel("cpu") == "sdpa-per-sequence"
+    assert packed_attn_implementation("cpu") == PACKED_SDPA
+
+
+def test_the_varlen_kernel_leaves_float32_and_dropout_to_the_per_sequence_path(monkeypatch):
+    """torch's varlen kernel takes half precision and no dropout: a float32 row (or dropout) asked of it runs per
+    sequence, with the same result as the per-sequence kernel."""
+    import rlx.engine.attention as A
+
+    def no_varlen(*args, **kwargs):
+        raise AssertionError("the varlen kernel was called for float32")
+
+    monkeypatch.setattr(A, "_varlen", no_varlen)
+    q, k, v = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    out = A.packed_attention(q, k, v, cu, 5, 0.0, None, "varlen")
+    torch.testing.assert_close(out, A.packed_attention(q, k, v, cu, 5, 0.0, None, "sdpa-per-sequence"))
+    assert out.shape == (1, 9, 4, 8)
