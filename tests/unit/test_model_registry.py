@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import zipfile
 from pathlib import Path
 
@@ -74,6 +75,13 @@ def corrupt_part(folder: Path, k: int) -> None:
             zf.writestr(name, data)
 
 
+def _no_index(monkeypatch) -> None:
+    """pip, should the code under test run it, reaches no index and reads no config file: nothing is downloaded."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+
+
 @pytest.fixture
 def tiny(tmp_path, monkeypatch):
     """A tiny qwen2 GGUF file, its wheels in a folder, and a table entry for them (added for this test only)."""
@@ -85,6 +93,7 @@ def tiny(tmp_path, monkeypatch):
                        size=gguf.stat().st_size, arch=Arch("qwen2", LAYERS, HIDDEN, HEADS, KV_HEADS, 264),
                        env=TINY_ENV)
     monkeypatch.setitem(WHEEL_MODELS, TINY, entry)
+    _no_index(monkeypatch)
     monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(TINY_ENV, raising=False)
     return entry, tensors, gguf, tmp_path / "wheels"
@@ -191,6 +200,7 @@ def test_the_old_smollm2_variable_is_still_read(tmp_path, monkeypatch):
     fake = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
     fake.write_bytes(b"not the model")
     monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
+    _no_index(monkeypatch)
     monkeypatch.delenv("RLX_SMOLLM2_SOURCE", raising=False)
     monkeypatch.setenv("RLX_SMOLLM2_WHEEL", str(fake))
     with pytest.raises(ValueError, match="RLX_SMOLLM2_WHEEL=.* has sha256 .*not the published b179c952"):
