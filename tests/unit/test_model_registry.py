@@ -205,3 +205,24 @@ def test_the_old_smollm2_variable_is_still_read(tmp_path, monkeypatch):
     monkeypatch.setenv("RLX_SMOLLM2_WHEEL", str(fake))
     with pytest.raises(ValueError, match="RLX_SMOLLM2_WHEEL=.* has sha256 .*not the published b179c952"):
         resolve_model_path(BUILTIN_PREFIX + "smollm2-135m-instruct")
+
+
+def test_two_users_at_once_convert_once(tiny, monkeypatch):
+    """Two threads resolve the model together (flock takes each open file apart, as it would two processes): one
+    converts, the other waits for the lock and reuses the result."""
+    import threading
+
+    import rlx.models.gguf
+
+    entry, _, gguf, _ = tiny
+    monkeypatch.setenv(TINY_ENV, str(gguf))
+    real, calls = rlx.models.gguf.convert_gguf, []
+    monkeypatch.setattr(rlx.models.gguf, "convert_gguf", lambda *a: calls.append(a) or real(*a))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(resolve_model_path(BUILTIN_PREFIX + TINY)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2 and results[0] == results[1] and len(calls) == 1
