@@ -245,6 +245,9 @@ def check_dcp_dir(path: str) -> list[str]:
         return [str(e)]
     except OSError as e:
         return [f"{os.path.join(path, METADATA)}: missing or unreadable ({e.strerror or e})"]
+    short = _short_files(path, metadata)
+    if short:
+        return short
     byte_keys = [k for k, md in metadata.state_dict_metadata.items() if isinstance(md, BytesStorageMetadata)]
     if not byte_keys:
         return []
@@ -257,6 +260,30 @@ def check_dcp_dir(path: str) -> list[str]:
             return [str(e)]
         return [f"{path}: a byte item does not load ({type(e).__name__}: {str(e).strip().splitlines()[0]})"]
     return []
+
+
+def _short_files(path: str, metadata: Metadata) -> list[str]:
+    """Each data file of a DCP checkpoint that is missing or shorter than its items' extent in the metadata (a shard
+    truncated after the step's checksums were rewritten), with both sizes; [] when every file holds its items."""
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if isinstance(rel, str):
+            needed[rel] = max(needed.get(rel, 0), int(info.offset) + int(info.length))
+    problems = []
+    for rel, end in sorted(needed.items()):
+        file = os.path.join(path, rel)
+        try:
+            size = os.path.getsize(file)
+        except OSError as e:
+            problems.append(f"{file}: missing or unreadable ({e.strerror or e}), though {METADATA} lists items in it; "
+                            f"resume from an earlier global_step_N dir (trainer.resume_from_path)")
+            continue
+        if size < end:
+            problems.append(f"{file} is truncated: {size} bytes, but {os.path.join(path, METADATA)} places its "
+                            f"items up to byte {end}; resume from an earlier global_step_N dir "
+                            f"(trainer.resume_from_path)")
+    return problems
 
 
 def check_meta_json(path: str) -> list[str]:

@@ -285,6 +285,34 @@ def test_a_checkpoint_of_another_model_is_refused_before_ray(real_step, tmp_path
     assert "num_hidden_layers: checkpoint 4, this run 2" in err, err
 
 
+def test_a_shard_truncated_after_its_checksums_is_named_with_its_sizes_before_ray(real_step, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """Issue 51: a model shard cut short, the COMPLETE manifest rewritten to match (it verifies): the preflight names
+    the file and both sizes in one line (before: an 87-line Ray traceback ending in a bare EOFError)."""
+    import shutil
+
+    from unit.test_checkpoint_lock import _no_ray
+
+    from rlx.checkpoint import check_resume_files
+
+    _no_ray(monkeypatch)
+    step = tmp_path / "ckpts" / "global_step_1"
+    shutil.copytree(real_step, step)
+    shard = step / "actor" / "model" / "__0_0.distcp"
+    full = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(full // 2)
+    ckpt.mark_complete(str(step))
+    assert ckpt.verify(str(step)) == []
+    problems = check_resume_files(str(step))
+    assert len(problems) == 1 and "\n" not in problems[0], problems
+    assert f"{shard} is truncated: {full // 2} bytes" in problems[0] and f"up to byte {full}" in problems[0], problems
+    code = main(["--config-name", "quickstart", "trainer.resume_mode=auto", f"trainer.default_local_dir={step.parent}",
+                 "trainer.logger=[console]"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{shard} is truncated: {full // 2} bytes" in err, err
+
+
 def _two_ranks(rank: int, world: int, port: int, root: str, where: str) -> None:
     """Save a sharded optimizer from 2 gloo ranks, plant a payload (rank 0), load it back on both ranks."""
     import warnings
