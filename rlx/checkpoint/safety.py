@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import importlib
 import io
+import logging
 import os
 import pathlib
 import pickle
@@ -38,6 +39,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, cre
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
 from rlx.checkpoint.errors import DamagedCheckpointError, UnsafeCheckpointError
+
+log = logging.getLogger("rlx")
 
 METADATA = ".metadata"
 _DCP_PREFIX = "torch.distributed.checkpoint"
@@ -179,19 +182,71 @@ def unwrap_checkpoint_error(e: BaseException) -> BaseException:
     return next((x for x in inner if isinstance(x, UnsafeCheckpointError)), inner[0] if inner else e)
 
 
-def _check_fits(state: dict, metadata: Metadata, directory: str, fix: str) -> None:
-    """A flat state dict (a model's: name -> tensor) must be the saved one: the same keys, the same (global) shapes."""
-    saved = {k: tuple(getattr(md, "size", None) or ()) for k, md in metadata.state_dict_metadata.items()}
-    have = {k: tuple(v.size()) if callable(getattr(v, "size", None)) else () for k, v in state.items()}  # global
-    extra, missing = sorted(set(saved) - set(have)), sorted(set(have) - set(saved))
+def _fit_problems(saved: dict, have: dict, optional: frozenset = frozenset()) -> list[str]:
+    """How a model's keys and shapes (`have`: name -> shape) differ from the saved ones; [] when they agree.
+    `optional`: keys of `have` that may be absent from the checkpoint (a tied weight's second name)."""
+    extra, missing = sorted(set(saved) - set(have)), sorted(set(have) - set(saved) - optional)
     shapes = [f"{k} saved {list(saved[k])}, here {list(have[k])}" for k in sorted(set(saved) & set(have))
               if saved[k] != have[k]]
-    if extra or missing or shapes:
-        parts = ([f"{len(extra)} saved keys the model does not have (e.g. {extra[:3]})"] if extra else []) + \
-                ([f"{len(missing)} model keys not in the checkpoint (e.g. {missing[:3]})"] if missing else []) + \
-                ([f"{len(shapes)} shapes differ (e.g. {shapes[:3]})"] if shapes else [])
+    return ([f"{len(extra)} saved keys the model does not have (e.g. {extra[:3]})"] if extra else []) + \
+        ([f"{len(missing)} model keys not in the checkpoint (e.g. {missing[:3]})"] if missing else []) + \
+        ([f"{len(shapes)} shapes differ (e.g. {shapes[:3]})"] if shapes else [])
+
+
+def _saved_shapes(metadata: Metadata) -> dict:
+    return {k: tuple(getattr(md, "size", None) or ()) for k, md in metadata.state_dict_metadata.items()}
+
+
+def _check_fits(state: dict, metadata: Metadata, directory: str, fix: str) -> None:
+    """A flat state dict (a model's: name -> tensor) must be the saved one: the same keys, the same (global) shapes."""
+    have = {k: tuple(v.size()) if callable(getattr(v, "size", None)) else () for k, v in state.items()}  # global
+    parts = _fit_problems(_saved_shapes(metadata), have)
+    if parts:
         raise ValueError(f"{os.path.join(directory, METADATA)} was saved from another model: {'; '.join(parts)}. "
                          f"Fix: {fix}")
+
+
+def model_fit_problems(model, lora: bool, directory: str) -> list[str]:
+    """How the DCP model checkpoint at `directory` differs from `model` (as the engine builds it, before FSDP; e.g.
+    on the meta device) in keys and shapes, as the load will compare them (`_check_fits`); [] when it fits. With
+    `lora` only the trainable parameters are saved (`engine_state._state_dict_options`). Reads the metadata only."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=lora, strict=not lora))
+    seen, optional = set(), set()
+    for name, tensor in model.state_dict(keep_vars=True).items():  # a tied weight: either of its names may be saved
+        if id(tensor) in seen:
+            optional.add(name)
+        seen.add(id(tensor))
+    have = {k: tuple(v.size()) for k, v in state.items()}
+    return _fit_problems(_saved_shapes(load_metadata(os.path.join(directory, METADATA))), have, frozenset(optional))
+
+
+def unrecorded_model_problems(model_cfg, key: str, role: str, meta_path: str) -> list[str]:
+    """A checkpoint of an earlier rlx (its meta.json has no model record): the model's saved keys and shapes
+    (`model/.metadata`) against the model `model_cfg` builds on the meta device, as the load will compare them; the
+    preflight's one line when they differ, else []."""
+    from rlx.engine.architecture import build_meta
+
+    model_dir = os.path.join(os.path.dirname(meta_path), "model")
+    if not os.path.isdir(model_dir):
+        return []
+    try:
+        model, lora = build_meta(model_cfg, role)
+        diffs = model_fit_problems(model, lora is not None, model_dir)
+    except DamagedCheckpointError:  # said by check_resume_files
+        return []
+    except Exception as e:  # noqa: BLE001 - the model path's own problem is reported by the preflight's model check
+        log.warning("%s: the model could not be built on the meta device to compare with %s (%s: %s)", key,
+                    model_dir, type(e).__name__, (str(e).strip().splitlines() or [""])[0])
+        return []
+    if not diffs:
+        return []
+    return [f"{os.path.join(model_dir, METADATA)}: the checkpoint's {role} (an earlier rlx's: {meta_path} has no "
+            f"model record) is another model than the one {key} builds ({key}.path={model_cfg.path!r}): "
+            f"{'; '.join(diffs)}. Fix: resume with the model it was saved from ({key}.path, override_config and "
+            f"LoRA keys as then), or start fresh (trainer.resume_mode=disable, or another "
+            f"trainer.default_local_dir)."]
 
 
 def _check_consumed(planner: SafeLoadPlanner, metadata: Metadata, directory: str, fix: str) -> None:

@@ -313,6 +313,48 @@ def test_a_shard_truncated_after_its_checksums_is_named_with_its_sizes_before_ra
     assert code == 2 and f"{shard} is truncated: {full // 2} bytes" in err, err
 
 
+def _without_record(real_step, tmp_path):
+    """The fixture's step as an earlier rlx wrote it: meta.json without the model record."""
+    import shutil
+
+    step = tmp_path / "ckpts" / "global_step_1"
+    shutil.copytree(real_step, step)
+    meta = json.loads((step / "actor" / "meta.json").read_text())
+    del meta["model"]
+    (step / "actor" / "meta.json").write_text(json.dumps(meta))
+    ckpt.mark_complete(str(step))
+    return step
+
+
+@pytest.mark.parametrize("override,found", [
+    ("num_hidden_layers=2", "saved keys the model does not have (e.g. ['model.layers.2"),
+    ("intermediate_size=192", "shapes differ (e.g. ['model.layers.0.mlp.down_proj.weight saved [128, 256], here "
+                              "[128, 192]"),
+])
+def test_an_earlier_checkpoint_without_a_model_record_is_refused_before_ray(real_step, tmp_path, capsys, monkeypatch,
+                                                                           override, found):
+    """Issue 51: a checkpoint of an earlier rlx (no model record in meta.json) resumed with another model: the
+    preflight compares its saved keys and shapes with the model built on the meta device and refuses in one line,
+    naming the file and the fix (before: a raw Ray traceback from the load). The same model passes."""
+    from unit.test_checkpoint_lock import _no_ray
+
+    from conftest import load_config
+
+    _no_ray(monkeypatch)
+    step = _without_record(real_step, tmp_path)
+    code = main(["--config-name", "quickstart", "trainer.resume_mode=auto", f"trainer.default_local_dir={step.parent}",
+                 "trainer.logger=[console]", f"actor_rollout_ref.model.override_config.{override}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    line = next(x for x in err.splitlines() if "has no model record" in x)
+    assert f"{step / 'actor' / 'model' / '.metadata'}: the checkpoint's actor" in line and found in line, line
+    assert "Fix: resume with the model it was saved from" in line, line
+    from rlx.checkpoint.safety import unrecorded_model_problems
+
+    same = load_config([]).actor_rollout_ref.model
+    assert unrecorded_model_problems(same, "actor_rollout_ref.model", "actor", str(step / "actor" / "meta.json")) == []
+
+
 def _two_ranks(rank: int, world: int, port: int, root: str, where: str) -> None:
     """Save a sharded optimizer from 2 gloo ranks, plant a payload (rank 0), load it back on both ranks."""
     import warnings
