@@ -10,7 +10,9 @@ a `DefaultLoadPlanner` subclass), so that it holds on every torch rlx supports (
 - `.metadata` is unpickled by `_MetadataUnpickler`, which resolves only data types: the dataclasses and enums of
   torch.distributed.checkpoint's own modules (checked by module prefix, so a class added or moved by a torch release
   is still found), `torch.Size`, torch dtypes / layouts / memory formats, `pathlib` paths (DCP records the
-  checkpoint id) and a few containers. Any other global is refused by name: nothing is called.
+  checkpoint id) and a few containers. Any other global is refused by name: nothing is called. State (pickle's
+  BUILD) is set only on instances of DCP's metadata dataclasses, as their attributes: never on a class or function
+  the file names, so that a file cannot change them in the driver or a rank.
 - byte items load with `torch.load(weights_only=True)` (`SafeLoadPlanner.load_bytes`).
 - `extra_rank*.pt` (lr scheduler, RNG states) loads with `torch.load(weights_only=True)` (`load_extra`).
 
@@ -31,6 +33,7 @@ import os
 import pathlib
 import pickle
 import re
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -74,15 +77,55 @@ def _allowed_global(module: str, name: str):
     return None
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class _Refused(pickle.UnpicklingError):
+    """What the metadata unpickler refuses: a global outside DCP's metadata types, or state set where it may not."""
+
+
+class _MetadataUnpickler(pickle._Unpickler):  # the pure-Python unpickler, whose BUILD can be replaced
+    """Builds only the types `_allowed_global` resolves, and sets state (pickle's BUILD) only on an instance of one
+    of DCP's metadata dataclasses: through the class's own `__setstate__` (torch's), else as its plain attributes.
+    Never on a class, a function or any other object: a file cannot set attributes on what it may name."""
+
+    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = dict(pickle._Unpickler.dispatch)
+    stack: list[Any]  # the pure-Python unpickler's stack (set by its load)
+
     def find_class(self, module, name):
         obj = _allowed_global(module, name)
         if obj is None:
-            raise pickle.UnpicklingError(f"global {module}.{name} is not a DCP metadata type")
+            raise _Refused(f"global {module}.{name} is not a DCP metadata type")
         return obj
 
     def persistent_load(self, pid):
-        raise pickle.UnpicklingError("persistent ids are not DCP metadata")
+        raise _Refused("persistent ids are not DCP metadata")
+
+    def _load_build(self) -> None:
+        state = self.stack.pop()
+        inst = self.stack[-1]
+        cls = type(inst)
+        named = getattr(inst, "__qualname__", None) if isinstance(inst, type) or callable(inst) else None
+        what = (f"{getattr(inst, '__module__', '?')}.{named}" if isinstance(named, str)
+                else f"a {cls.__module__}.{cls.__qualname__}")
+        if isinstance(inst, type) or not dataclasses.is_dataclass(cls) or \
+                _allowed_global(cls.__module__, cls.__name__) is not cls:
+            raise _Refused(f"state set on {what}, which is not a DCP metadata object")
+        setstate = getattr(cls, "__setstate__", None)  # the class's own method (torch's), not the instance's
+        if setstate is not None:
+            setstate(inst, state)
+            return
+        attrs, slots = state if isinstance(state, tuple) and len(state) == 2 else (state, None)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for part, allowed in ((attrs, None), (slots, fields)):
+            if part is None:
+                continue
+            bad = [k for k in part if not isinstance(k, str) or k.startswith("__") or
+                   (allowed is not None and k not in allowed)] if isinstance(part, dict) else [type(part).__name__]
+            if bad:
+                raise _Refused(f"state {bad[:3]} set on {what}, which are not its attributes")
+        inst.__dict__.update(attrs or {})
+        for key, value in (slots or {}).items():
+            object.__setattr__(inst, key, value)  # a field (frozen dataclasses too, as pickle's BUILD does)
+
+    dispatch[pickle.BUILD[0]] = _load_build
 
 
 def _refusal(path: str, what: str) -> UnsafeCheckpointError:
@@ -100,9 +143,9 @@ def load_metadata(path: str) -> Metadata:
     try:
         with open(path, "rb") as f:
             metadata = _MetadataUnpickler(f).load()
+    except _Refused as e:
+        raise _refusal(path, f"a pickled object outside DCP's metadata ({e})") from None
     except pickle.UnpicklingError as e:
-        if "is not a DCP metadata type" in str(e) or "persistent ids" in str(e):
-            raise _refusal(path, f"a pickled object outside DCP's metadata ({e})") from None
         raise DamagedCheckpointError(f"{path} is unreadable (UnpicklingError: {e}); resume from an earlier "
                                      f"global_step_N dir (trainer.resume_from_path)") from None
     except OSError:
@@ -218,7 +261,7 @@ def model_fit_problems(model, lora: bool, directory: str) -> list[str]:
         if id(tensor) in seen:
             optional.add(name)
         seen.add(id(tensor))
-    have = {k: tuple(v.size()) for k, v in state.items()}
+    have = {k: tuple(v.size()) for k, v in state.items() if isinstance(v, torch.Tensor)}  # a model's: tensors only
     return _fit_problems(_saved_shapes(load_metadata(os.path.join(directory, METADATA))), have, frozenset(optional))
 
 

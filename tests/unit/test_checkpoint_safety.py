@@ -355,6 +355,76 @@ def test_an_earlier_checkpoint_without_a_model_record_is_refused_before_ray(real
     assert unrecorded_model_problems(same, "actor_rollout_ref.model", "actor", str(step / "actor" / "meta.json")) == []
 
 
+def _set_state_then(target: tuple, state, real: bytes) -> bytes:
+    """A pickle that pushes the global `target` (module, name), sets `state` on it (BUILD), drops it, and goes on
+    to unpickle `real` (a protocol-2 pickle of the true Metadata), whose result the file's is."""
+    import pickle
+
+    module, name = target
+    head = pickle.dumps(state, protocol=2)[2:-1]  # the state's opcodes, without PROTO and STOP
+    return b"\x80\x02c" + f"{module}\n{name}\n".encode() + head + pickle.BUILD + pickle.POP + real[2:]
+
+
+@pytest.mark.parametrize("target,state", [
+    (("torch.distributed.checkpoint.metadata", "Metadata"), (None, {"planted": 1})),
+    (("torch.distributed.checkpoint.metadata", "StorageMeta"), (None, {"__eq__": None})),
+    (("pathlib", "PurePosixPath"), (None, {"planted": 1})),
+    (("torch.serialization", "_get_layout"), {"planted": 1}),
+])
+def test_the_metadata_reader_sets_no_state_on_what_it_allows(real_step, tmp_path, target, state):
+    """Issue 51: a `.metadata` that sets attributes on a class (or function) the reader allows, then holds a real
+    Metadata: refused, naming the file, and nothing is set (before: accepted, the attribute set in the driver and
+    in every rank that read it)."""
+    import importlib
+    import pickle
+    import shutil
+
+    from rlx.checkpoint import check_resume_files
+
+    step = tmp_path / "ckpts" / "global_step_1"
+    shutil.copytree(real_step, step)
+    path = step / "actor" / "model" / ".metadata"
+    real = pickle.dumps(pickle.loads(path.read_bytes()), protocol=2)  # the fixture's own file: trusted here
+    path.write_bytes(_set_state_then(target, state, real))
+    obj = getattr(importlib.import_module(target[0]), target[1])
+    name = next(iter(state[1] if isinstance(state, tuple) else state))
+    before = obj.__dict__.get(name, "unset")
+    try:
+        problems = check_resume_files(str(step))
+        assert obj.__dict__.get(name, "unset") == before, f"{target} got {name} from the file"
+    finally:
+        if obj.__dict__.get(name, "unset") != before:
+            delattr(obj, name) if before == "unset" else setattr(obj, name, before)
+    assert len(problems) == 1 and str(path) in problems[0] and "would run code" in problems[0], problems
+    assert f"{target[0]}.{target[1]}" in problems[0], problems
+
+
+def test_the_metadata_reader_sets_only_plain_attributes_on_a_dcp_instance(real_step, tmp_path):
+    """Issue 51: a DCP metadata object's state may not change its class (slot state `__class__`), only set its
+    attributes; the fixture's own file still loads."""
+    import pickle
+    import shutil
+
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from rlx.checkpoint.safety import load_metadata
+
+    step = tmp_path / "global_step_1"
+    shutil.copytree(real_step, step)
+    path = step / "actor" / "model" / ".metadata"
+    assert isinstance(load_metadata(str(path)), Metadata)
+    real = pickle.loads(path.read_bytes())
+    # a Metadata whose BUILD carries slot state turning it into a StorageMeta: Metadata(...) then (dict, slots)
+    body = pickle.dumps(real, protocol=2)
+    cut = len(body) - 2
+    assert body[cut:] == pickle.BUILD + pickle.STOP  # the outermost object's BUILD, then STOP
+    slots = pickle.dumps({"__class__": None}, protocol=2)[2:-1].replace(b"N", b"ctorch.distributed.checkpoint."
+                                                                         b"metadata\nStorageMeta\n", 1)
+    path.write_bytes(body[:cut] + slots + pickle.TUPLE2 + body[cut:])
+    with pytest.raises(ckpt.UnsafeCheckpointError, match=r"__class__"):
+        load_metadata(str(path))
+
+
 def _two_ranks(rank: int, world: int, port: int, root: str, where: str) -> None:
     """Save a sharded optimizer from 2 gloo ranks, plant a payload (rank 0), load it back on both ranks."""
     import warnings
