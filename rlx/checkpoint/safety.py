@@ -136,6 +136,22 @@ def _refusal(path: str, what: str) -> UnsafeCheckpointError:
         f"global_step_N dir>), or start fresh (trainer.resume_mode=disable)")
 
 
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
+
+
+def quoted(e: BaseException) -> str:
+    """An error of torch (or any library) as a refusal line may quote it: `Type: first line`, without terminal
+    escape codes or control characters; torch's weights-only refusal, whose text advises loading the file with
+    weights_only=False or allowing its global, is told by the global it names alone."""
+    text = str(e)
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if found or "Weights only load failed" in text:
+        name = found.group(1) if found else "a global the weights-only loader does not allow"
+        return f"global {'builtins.' if found and '.' not in name else ''}{name}"
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {_ESCAPES.sub('', first).strip()}"[:300] if first else type(e).__name__
+
+
 def load_metadata(path: str) -> Metadata:
     """Unpickle a DCP `.metadata` file allowing DCP's metadata types only; `UnsafeCheckpointError` naming the file
     for anything else, `DamagedCheckpointError` for a file that is not a metadata pickle at all."""
@@ -144,14 +160,14 @@ def load_metadata(path: str) -> Metadata:
         with open(path, "rb") as f:
             metadata = _MetadataUnpickler(f).load()
     except _Refused as e:
-        raise _refusal(path, f"a pickled object outside DCP's metadata ({e})") from None
+        raise _refusal(path, f"a pickled object outside DCP's metadata ({_ESCAPES.sub('', str(e))})") from None
     except pickle.UnpicklingError as e:
-        raise DamagedCheckpointError(f"{path} is unreadable (UnpicklingError: {e}); resume from an earlier "
+        raise DamagedCheckpointError(f"{path} is unreadable ({quoted(e)}); resume from an earlier "
                                      f"global_step_N dir (trainer.resume_from_path)") from None
     except OSError:
         raise
     except Exception as e:  # noqa: BLE001 - EOFError, a truncated or garbled file
-        raise DamagedCheckpointError(f"{path} is unreadable ({type(e).__name__}: {e}); resume from an earlier "
+        raise DamagedCheckpointError(f"{path} is unreadable ({quoted(e)}); resume from an earlier "
                                      f"global_step_N dir (trainer.resume_from_path)") from None
     if not isinstance(metadata, Metadata):
         raise DamagedCheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP metadata; resume from an "
@@ -209,7 +225,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             obj = torch.load(value, weights_only=True, map_location="cpu")
         except pickle.UnpicklingError as e:
             raise _refusal(f"{self._file_of(read_item)} (item {read_item.dest_index.fqn})",
-                           f"a pickled object ({str(e).splitlines()[0] if str(e) else 'UnpicklingError'})") from None
+                           f"a pickled object ({quoted(e)})") from None
         # what weights_only produced (tensors, containers, numbers, strings) pickles back to the same plain types:
         # the parent's torch.load(weights_only=False) of it runs nothing, and keeps DCP's own placement logic
         buf = io.BytesIO()
@@ -356,7 +372,8 @@ def check_dcp_dir(path: str) -> list[str]:
         e = unwrap_checkpoint_error(e)
         if isinstance(e, UnsafeCheckpointError):
             return [str(e)]
-        return [f"{path}: a byte item does not load ({type(e).__name__}: {str(e).strip().splitlines()[0]})"]
+        return [f"{path}: a byte item does not load ({quoted(e)}); resume from an earlier global_step_N dir "
+                f"(trainer.resume_from_path)"]
     return []
 
 
@@ -391,8 +408,8 @@ def check_meta_json(path: str) -> list[str]:
         with open(path) as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        return [f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}): not the "
-                f"JSON record rlx writes; resume from an earlier global_step_N dir (trainer.resume_from_path)"]
+        return [f"{path} is unreadable ({quoted(e)}): not the JSON record rlx writes; resume from an earlier "
+                f"global_step_N dir (trainer.resume_from_path)"]
     if not isinstance(meta, dict) or not isinstance(meta.get("contents"), list):
         return [f"{path} is not the record rlx writes (no list of contents); resume from an earlier global_step_N "
                 f"dir (trainer.resume_from_path)"]
@@ -416,17 +433,15 @@ def load_extra(path: str) -> dict:
             return torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
         if "weights_only" not in str(e) and "Unsupported global" not in str(e):
-            raise DamagedCheckpointError(f"{path} is unreadable (UnpicklingError: {e}); resume from an earlier "
+            raise DamagedCheckpointError(f"{path} is unreadable ({quoted(e)}); resume from an earlier "
                                          f"global_step_N dir (trainer.resume_from_path)") from None
-        found = re.search(r"(?:Unsupported global|GLOBAL):? ?(\S+)", str(e))
         raise UnsafeCheckpointError(
-            f"{path} holds a pickled object ({found.group(1) if found else 'a global'}) that would run code when "
-            f"loaded; rlx loads checkpoint files with torch.load(weights_only=True) and refuses it. Nothing was "
-            f"loaded or trained. If you wrote this checkpoint yourself and trust it, re-save its extra state in "
-            f"the safe format: python -m rlx.checkpoint resave-extra {os.path.dirname(os.path.dirname(path))}"
-        ) from None
+            f"{path} holds a pickled object ({quoted(e)}) that would run code when loaded; rlx loads checkpoint "
+            f"files with torch.load(weights_only=True) and refuses it. Nothing was loaded or trained. Fix: resume "
+            f"from a checkpoint rlx wrote (trainer.resume_from_path=<an earlier global_step_N dir>), or start fresh "
+            f"(trainer.resume_mode=disable)") from None
     except Exception as e:  # noqa: BLE001 - EOFError, RuntimeError: a truncated or damaged file
-        raise DamagedCheckpointError(f"{path} is unreadable ({type(e).__name__}: {e}); resume from an earlier "
+        raise DamagedCheckpointError(f"{path} is unreadable ({quoted(e)}); resume from an earlier "
                                      f"global_step_N dir (trainer.resume_from_path)") from None
 
 

@@ -92,7 +92,8 @@ def test_a_checkpoint_that_would_run_code_is_refused_before_training(tmp_path, c
     err = capsys.readouterr().err
     assert code == 2, err
     assert not marker.exists(), "unpickling ran the checkpoint's code"
-    assert "extra_rank0.pt" in err and "weights_only=True" in err and "resave-extra" in err, err
+    assert "extra_rank0.pt" in err and "weights_only=True" in err and "trainer.resume_mode=disable" in err, err
+    assert "resave-extra" not in err, "re-saving loads the file the unsafe way: never advised for a refused file"
     assert not out.exists(), "nothing may start: no logs, no checkpoints"
     with pytest.raises(ckpt.UnsafeCheckpointError, match="extra_rank0.pt"):  # and the worker's loader refuses it too
         ckpt.load_extra(os.path.join(step, "actor", "extra_rank0.pt"))
@@ -220,6 +221,27 @@ def test_a_planted_payload_in_any_file_runs_nothing_and_is_named(real_step, tmp_
     assert len(problems) == 1 and str(step / rel) in problems[0], problems
 
 
+UNSAFE_ADVICE = ("weights_only=False", "`weights_only` set to `False`", "trust", "can still be loaded", "safe_globals",
+                 "resave-extra")
+
+
+@pytest.mark.parametrize("where", list(PLANTS))
+def test_a_refusal_line_has_no_escape_codes_and_no_advice_to_load_unsafely(real_step, tmp_path, where):
+    """Issue 51: the refusal of a planted file is one plain line: no terminal escape codes, nothing quoted from
+    torch's hint to load the file with weights_only=False or to allow its global, no advice to re-save it (which
+    loads it the unsafe way); where torch names the global, the line names it."""
+    from rlx.checkpoint import check_resume_files
+
+    step, _, _ = _planted(real_step, tmp_path, where)
+    problems = check_resume_files(str(step))
+    assert len(problems) == 1, problems
+    line = problems[0]
+    assert line.isprintable(), repr(line)  # no ESC, no newline or tab
+    assert not [a for a in UNSAFE_ADVICE if a in line], line
+    if where in ("extra", "optim_byte_item"):
+        assert "(global builtins.exec)" in line, line
+
+
 def test_the_clean_step_passes_and_loads_whole(real_step, tmp_path):
     """The fixture's own files pass; the safe reader and planner load the model and optimizer back (byte items
     included); a model with a layer less is refused by key, naming both sides."""
@@ -265,6 +287,7 @@ def test_main_refuses_a_planted_step_before_ray(real_step, tmp_path, capsys, mon
     assert code == 2, err
     assert not marker.exists(), "reading the checkpoint ran its code"
     assert str(step / rel) in err, err
+    assert "\x1b" not in err and not [a for a in UNSAFE_ADVICE if a in err], err
 
 
 def test_a_checkpoint_of_another_model_is_refused_before_ray(real_step, tmp_path, capsys, monkeypatch):
