@@ -10,7 +10,9 @@ a `DefaultLoadPlanner` subclass), so that it holds on every torch rlx supports (
 - `.metadata` is unpickled by `_MetadataUnpickler`, which resolves only data types: the dataclasses and enums of
   torch.distributed.checkpoint's own modules (checked by module prefix, so a class added or moved by a torch release
   is still found), `torch.Size`, torch dtypes / layouts / memory formats, `pathlib` paths (DCP records the
-  checkpoint id) and a few containers. Any other global is refused by name: nothing is called.
+  checkpoint id) and a few containers. Any other global is refused by name: nothing is called. State (pickle's
+  BUILD) is set only on instances of DCP's metadata dataclasses, as their attributes: never on a class or function
+  the file names, so that a file cannot change them in the driver or a rank.
 - byte items load with `torch.load(weights_only=True)` (`SafeLoadPlanner.load_bytes`).
 - `extra_rank*.pt` (lr scheduler, RNG states) loads with `torch.load(weights_only=True)` (`load_extra`).
 
@@ -26,10 +28,12 @@ import dataclasses
 import enum
 import importlib
 import io
+import logging
 import os
 import pathlib
 import pickle
 import re
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -38,6 +42,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, cre
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 
 from rlx.checkpoint.errors import DamagedCheckpointError, UnsafeCheckpointError
+
+log = logging.getLogger("rlx")
 
 METADATA = ".metadata"
 _DCP_PREFIX = "torch.distributed.checkpoint"
@@ -71,15 +77,55 @@ def _allowed_global(module: str, name: str):
     return None
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class _Refused(pickle.UnpicklingError):
+    """What the metadata unpickler refuses: a global outside DCP's metadata types, or state set where it may not."""
+
+
+class _MetadataUnpickler(pickle._Unpickler):  # the pure-Python unpickler, whose BUILD can be replaced
+    """Builds only the types `_allowed_global` resolves, and sets state (pickle's BUILD) only on an instance of one
+    of DCP's metadata dataclasses: through the class's own `__setstate__` (torch's), else as its plain attributes.
+    Never on a class, a function or any other object: a file cannot set attributes on what it may name."""
+
+    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = dict(pickle._Unpickler.dispatch)
+    stack: list[Any]  # the pure-Python unpickler's stack (set by its load)
+
     def find_class(self, module, name):
         obj = _allowed_global(module, name)
         if obj is None:
-            raise pickle.UnpicklingError(f"global {module}.{name} is not a DCP metadata type")
+            raise _Refused(f"global {module}.{name} is not a DCP metadata type")
         return obj
 
     def persistent_load(self, pid):
-        raise pickle.UnpicklingError("persistent ids are not DCP metadata")
+        raise _Refused("persistent ids are not DCP metadata")
+
+    def _load_build(self) -> None:
+        state = self.stack.pop()
+        inst = self.stack[-1]
+        cls = type(inst)
+        named = getattr(inst, "__qualname__", None) if isinstance(inst, type) or callable(inst) else None
+        what = (f"{getattr(inst, '__module__', '?')}.{named}" if isinstance(named, str)
+                else f"a {cls.__module__}.{cls.__qualname__}")
+        if isinstance(inst, type) or not dataclasses.is_dataclass(cls) or \
+                _allowed_global(cls.__module__, cls.__name__) is not cls:
+            raise _Refused(f"state set on {what}, which is not a DCP metadata object")
+        setstate = getattr(cls, "__setstate__", None)  # the class's own method (torch's), not the instance's
+        if setstate is not None:
+            setstate(inst, state)
+            return
+        attrs, slots = state if isinstance(state, tuple) and len(state) == 2 else (state, None)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for part, allowed in ((attrs, None), (slots, fields)):
+            if part is None:
+                continue
+            bad = [k for k in part if not isinstance(k, str) or k.startswith("__") or
+                   (allowed is not None and k not in allowed)] if isinstance(part, dict) else [type(part).__name__]
+            if bad:
+                raise _Refused(f"state {bad[:3]} set on {what}, which are not its attributes")
+        inst.__dict__.update(attrs or {})
+        for key, value in (slots or {}).items():
+            object.__setattr__(inst, key, value)  # a field (frozen dataclasses too, as pickle's BUILD does)
+
+    dispatch[pickle.BUILD[0]] = _load_build
 
 
 def _refusal(path: str, what: str) -> UnsafeCheckpointError:
@@ -90,6 +136,22 @@ def _refusal(path: str, what: str) -> UnsafeCheckpointError:
         f"global_step_N dir>), or start fresh (trainer.resume_mode=disable)")
 
 
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
+
+
+def quoted(e: BaseException) -> str:
+    """An error of torch (or any library) as a refusal line may quote it: `Type: first line`, without terminal
+    escape codes or control characters; torch's weights-only refusal, whose text advises loading the file with
+    weights_only=False or allowing its global, is told by the global it names alone."""
+    text = str(e)
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if found or "Weights only load failed" in text:
+        name = found.group(1) if found else "a global the weights-only loader does not allow"
+        return f"global {'builtins.' if found and '.' not in name else ''}{name}"
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {_ESCAPES.sub('', first).strip()}"[:300] if first else type(e).__name__
+
+
 def load_metadata(path: str) -> Metadata:
     """Unpickle a DCP `.metadata` file allowing DCP's metadata types only; `UnsafeCheckpointError` naming the file
     for anything else, `DamagedCheckpointError` for a file that is not a metadata pickle at all."""
@@ -97,15 +159,15 @@ def load_metadata(path: str) -> Metadata:
     try:
         with open(path, "rb") as f:
             metadata = _MetadataUnpickler(f).load()
+    except _Refused as e:
+        raise _refusal(path, f"a pickled object outside DCP's metadata ({_ESCAPES.sub('', str(e))})") from None
     except pickle.UnpicklingError as e:
-        if "is not a DCP metadata type" in str(e) or "persistent ids" in str(e):
-            raise _refusal(path, f"a pickled object outside DCP's metadata ({e})") from None
-        raise DamagedCheckpointError(f"{path} is unreadable (UnpicklingError: {e}); resume from an earlier "
+        raise DamagedCheckpointError(f"{path} is unreadable ({quoted(e)}); resume from an earlier "
                                      f"global_step_N dir (trainer.resume_from_path)") from None
     except OSError:
         raise
     except Exception as e:  # noqa: BLE001 - EOFError, a truncated or garbled file
-        raise DamagedCheckpointError(f"{path} is unreadable ({type(e).__name__}: {e}); resume from an earlier "
+        raise DamagedCheckpointError(f"{path} is unreadable ({quoted(e)}); resume from an earlier "
                                      f"global_step_N dir (trainer.resume_from_path)") from None
     if not isinstance(metadata, Metadata):
         raise DamagedCheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP metadata; resume from an "
@@ -163,7 +225,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             obj = torch.load(value, weights_only=True, map_location="cpu")
         except pickle.UnpicklingError as e:
             raise _refusal(f"{self._file_of(read_item)} (item {read_item.dest_index.fqn})",
-                           f"a pickled object ({str(e).splitlines()[0] if str(e) else 'UnpicklingError'})") from None
+                           f"a pickled object ({quoted(e)})") from None
         # what weights_only produced (tensors, containers, numbers, strings) pickles back to the same plain types:
         # the parent's torch.load(weights_only=False) of it runs nothing, and keeps DCP's own placement logic
         buf = io.BytesIO()
@@ -179,19 +241,71 @@ def unwrap_checkpoint_error(e: BaseException) -> BaseException:
     return next((x for x in inner if isinstance(x, UnsafeCheckpointError)), inner[0] if inner else e)
 
 
-def _check_fits(state: dict, metadata: Metadata, directory: str, fix: str) -> None:
-    """A flat state dict (a model's: name -> tensor) must be the saved one: the same keys, the same (global) shapes."""
-    saved = {k: tuple(getattr(md, "size", None) or ()) for k, md in metadata.state_dict_metadata.items()}
-    have = {k: tuple(v.size()) if callable(getattr(v, "size", None)) else () for k, v in state.items()}  # global
-    extra, missing = sorted(set(saved) - set(have)), sorted(set(have) - set(saved))
+def _fit_problems(saved: dict, have: dict, optional: frozenset = frozenset()) -> list[str]:
+    """How a model's keys and shapes (`have`: name -> shape) differ from the saved ones; [] when they agree.
+    `optional`: keys of `have` that may be absent from the checkpoint (a tied weight's second name)."""
+    extra, missing = sorted(set(saved) - set(have)), sorted(set(have) - set(saved) - optional)
     shapes = [f"{k} saved {list(saved[k])}, here {list(have[k])}" for k in sorted(set(saved) & set(have))
               if saved[k] != have[k]]
-    if extra or missing or shapes:
-        parts = ([f"{len(extra)} saved keys the model does not have (e.g. {extra[:3]})"] if extra else []) + \
-                ([f"{len(missing)} model keys not in the checkpoint (e.g. {missing[:3]})"] if missing else []) + \
-                ([f"{len(shapes)} shapes differ (e.g. {shapes[:3]})"] if shapes else [])
+    return ([f"{len(extra)} saved keys the model does not have (e.g. {extra[:3]})"] if extra else []) + \
+        ([f"{len(missing)} model keys not in the checkpoint (e.g. {missing[:3]})"] if missing else []) + \
+        ([f"{len(shapes)} shapes differ (e.g. {shapes[:3]})"] if shapes else [])
+
+
+def _saved_shapes(metadata: Metadata) -> dict:
+    return {k: tuple(getattr(md, "size", None) or ()) for k, md in metadata.state_dict_metadata.items()}
+
+
+def _check_fits(state: dict, metadata: Metadata, directory: str, fix: str) -> None:
+    """A flat state dict (a model's: name -> tensor) must be the saved one: the same keys, the same (global) shapes."""
+    have = {k: tuple(v.size()) if callable(getattr(v, "size", None)) else () for k, v in state.items()}  # global
+    parts = _fit_problems(_saved_shapes(metadata), have)
+    if parts:
         raise ValueError(f"{os.path.join(directory, METADATA)} was saved from another model: {'; '.join(parts)}. "
                          f"Fix: {fix}")
+
+
+def model_fit_problems(model, lora: bool, directory: str) -> list[str]:
+    """How the DCP model checkpoint at `directory` differs from `model` (as the engine builds it, before FSDP; e.g.
+    on the meta device) in keys and shapes, as the load will compare them (`_check_fits`); [] when it fits. With
+    `lora` only the trainable parameters are saved (`engine_state._state_dict_options`). Reads the metadata only."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=lora, strict=not lora))
+    seen, optional = set(), set()
+    for name, tensor in model.state_dict(keep_vars=True).items():  # a tied weight: either of its names may be saved
+        if id(tensor) in seen:
+            optional.add(name)
+        seen.add(id(tensor))
+    have = {k: tuple(v.size()) for k, v in state.items() if isinstance(v, torch.Tensor)}  # a model's: tensors only
+    return _fit_problems(_saved_shapes(load_metadata(os.path.join(directory, METADATA))), have, frozenset(optional))
+
+
+def unrecorded_model_problems(model_cfg, key: str, role: str, meta_path: str) -> list[str]:
+    """A checkpoint of an earlier rlx (its meta.json has no model record): the model's saved keys and shapes
+    (`model/.metadata`) against the model `model_cfg` builds on the meta device, as the load will compare them; the
+    preflight's one line when they differ, else []."""
+    from rlx.engine.architecture import build_meta
+
+    model_dir = os.path.join(os.path.dirname(meta_path), "model")
+    if not os.path.isdir(model_dir):
+        return []
+    try:
+        model, lora = build_meta(model_cfg, role)
+        diffs = model_fit_problems(model, lora is not None, model_dir)
+    except DamagedCheckpointError:  # said by check_resume_files
+        return []
+    except Exception as e:  # noqa: BLE001 - the model path's own problem is reported by the preflight's model check
+        log.warning("%s: the model could not be built on the meta device to compare with %s (%s: %s)", key,
+                    model_dir, type(e).__name__, (str(e).strip().splitlines() or [""])[0])
+        return []
+    if not diffs:
+        return []
+    return [f"{os.path.join(model_dir, METADATA)}: the checkpoint's {role} (an earlier rlx's: {meta_path} has no "
+            f"model record) is another model than the one {key} builds ({key}.path={model_cfg.path!r}): "
+            f"{'; '.join(diffs)}. Fix: resume with the model it was saved from ({key}.path, override_config and "
+            f"LoRA keys as then), or start fresh (trainer.resume_mode=disable, or another "
+            f"trainer.default_local_dir)."]
 
 
 def _check_consumed(planner: SafeLoadPlanner, metadata: Metadata, directory: str, fix: str) -> None:
@@ -245,6 +359,9 @@ def check_dcp_dir(path: str) -> list[str]:
         return [str(e)]
     except OSError as e:
         return [f"{os.path.join(path, METADATA)}: missing or unreadable ({e.strerror or e})"]
+    short = _short_files(path, metadata)
+    if short:
+        return short
     byte_keys = [k for k, md in metadata.state_dict_metadata.items() if isinstance(md, BytesStorageMetadata)]
     if not byte_keys:
         return []
@@ -255,8 +372,33 @@ def check_dcp_dir(path: str) -> list[str]:
         e = unwrap_checkpoint_error(e)
         if isinstance(e, UnsafeCheckpointError):
             return [str(e)]
-        return [f"{path}: a byte item does not load ({type(e).__name__}: {str(e).strip().splitlines()[0]})"]
+        return [f"{path}: a byte item does not load ({quoted(e)}); resume from an earlier global_step_N dir "
+                f"(trainer.resume_from_path)"]
     return []
+
+
+def _short_files(path: str, metadata: Metadata) -> list[str]:
+    """Each data file of a DCP checkpoint that is missing or shorter than its items' extent in the metadata (a shard
+    truncated after the step's checksums were rewritten), with both sizes; [] when every file holds its items."""
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if isinstance(rel, str):
+            needed[rel] = max(needed.get(rel, 0), int(info.offset) + int(info.length))
+    problems = []
+    for rel, end in sorted(needed.items()):
+        file = os.path.join(path, rel)
+        try:
+            size = os.path.getsize(file)
+        except OSError as e:
+            problems.append(f"{file}: missing or unreadable ({e.strerror or e}), though {METADATA} lists items in it; "
+                            f"resume from an earlier global_step_N dir (trainer.resume_from_path)")
+            continue
+        if size < end:
+            problems.append(f"{file} is truncated: {size} bytes, but {os.path.join(path, METADATA)} places its "
+                            f"items up to byte {end}; resume from an earlier global_step_N dir "
+                            f"(trainer.resume_from_path)")
+    return problems
 
 
 def check_meta_json(path: str) -> list[str]:
@@ -266,8 +408,8 @@ def check_meta_json(path: str) -> list[str]:
         with open(path) as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        return [f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}): not the "
-                f"JSON record rlx writes; resume from an earlier global_step_N dir (trainer.resume_from_path)"]
+        return [f"{path} is unreadable ({quoted(e)}): not the JSON record rlx writes; resume from an earlier "
+                f"global_step_N dir (trainer.resume_from_path)"]
     if not isinstance(meta, dict) or not isinstance(meta.get("contents"), list):
         return [f"{path} is not the record rlx writes (no list of contents); resume from an earlier global_step_N "
                 f"dir (trainer.resume_from_path)"]
@@ -291,17 +433,15 @@ def load_extra(path: str) -> dict:
             return torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
         if "weights_only" not in str(e) and "Unsupported global" not in str(e):
-            raise DamagedCheckpointError(f"{path} is unreadable (UnpicklingError: {e}); resume from an earlier "
+            raise DamagedCheckpointError(f"{path} is unreadable ({quoted(e)}); resume from an earlier "
                                          f"global_step_N dir (trainer.resume_from_path)") from None
-        found = re.search(r"(?:Unsupported global|GLOBAL):? ?(\S+)", str(e))
         raise UnsafeCheckpointError(
-            f"{path} holds a pickled object ({found.group(1) if found else 'a global'}) that would run code when "
-            f"loaded; rlx loads checkpoint files with torch.load(weights_only=True) and refuses it. Nothing was "
-            f"loaded or trained. If you wrote this checkpoint yourself and trust it, re-save its extra state in "
-            f"the safe format: python -m rlx.checkpoint resave-extra {os.path.dirname(os.path.dirname(path))}"
-        ) from None
+            f"{path} holds a pickled object ({quoted(e)}) that would run code when loaded; rlx loads checkpoint "
+            f"files with torch.load(weights_only=True) and refuses it. Nothing was loaded or trained. Fix: resume "
+            f"from a checkpoint rlx wrote (trainer.resume_from_path=<an earlier global_step_N dir>), or start fresh "
+            f"(trainer.resume_mode=disable)") from None
     except Exception as e:  # noqa: BLE001 - EOFError, RuntimeError: a truncated or damaged file
-        raise DamagedCheckpointError(f"{path} is unreadable ({type(e).__name__}: {e}); resume from an earlier "
+        raise DamagedCheckpointError(f"{path} is unreadable ({quoted(e)}); resume from an earlier "
                                      f"global_step_N dir (trainer.resume_from_path)") from None
 
 

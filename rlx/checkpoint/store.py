@@ -149,7 +149,7 @@ def find_resume_dir(trainer_cfg: TrainerConfig) -> str | None:
 
     auto: the newest complete step under `trainer.default_local_dir` whose files match their checksums (the
     latest pointer is only trusted as far as it names such a dir; incomplete dirs from crashed saves are
-    ignored). A damaged step is reported by file; with `trainer.on_damaged_checkpoint=previous` the newest
+    skipped, each named in one warning line). A damaged step is reported by file; with `trainer.on_damaged_checkpoint=previous` the newest
     earlier one that verifies is taken, with `error` (or when none verifies) a `DamagedCheckpointError` stops
     the run. disable: None. resume_path: `trainer.resume_from_path`, a complete step dir that verifies.
     """
@@ -158,6 +158,9 @@ def find_resume_dir(trainer_cfg: TrainerConfig) -> str | None:
         return None
     if mode == "auto":
         root = trainer_cfg.default_local_dir
+        for step in sorted(set(list_steps(root, complete_only=False)) - set(list_steps(root))):
+            log.warning("rlx: step %d is incomplete: skipped (%s has no %s marker: its save did not finish)", step,
+                        step_dir(root, step), COMPLETE)
         damaged = []
         for step in reversed(list_steps(root)):
             d = step_dir(root, step)

@@ -99,9 +99,9 @@ class RewardModelConfig:
     driver's process."""
     score_timeout_s: float = 300.0
     """rlx key: the longest one call of the score function may run in the num_workers pool. A call past it is
-    killed (its process replaced), its response gets timeout_score, and it is counted in reward/timeouts. In the
-    driver's process (num_workers=1) a call cannot be stopped; a step's scoring past 30 s logs a progress line
-    either way."""
+    killed (its process replaced), its response gets timeout_score, and it is counted in reward/timeouts and in a
+    console line that step; a step whose every call ran past it stops the run. In the driver's process
+    (num_workers=1) a call cannot be stopped; a step's scoring past 30 s logs a progress line either way."""
     timeout_score: float = 0.0
     """rlx key: the reward of a response whose score function call ran past score_timeout_s."""
     rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)

@@ -52,6 +52,17 @@ def _plain(value):
     return value
 
 
+def _check_ground_truth(truth, origin: str, row: int) -> None:
+    """A row's reward_model.ground_truth holds no bytes (alone or in a list): a rule would compare the response
+    against their repr ("b'3'") and score every response 0, silently."""
+    values = truth if isinstance(truth, (list, tuple)) else [truth]
+    bad = next((v for v in values if isinstance(v, (bytes, bytearray))), None)
+    if bad is not None:
+        raise ValueError(f"data file {origin!r}, row {row}: reward_model.ground_truth holds {type(bad).__name__} "
+                         f"({bad!r:.80}), not text; the reward would compare each response with its repr. Fix: write "
+                         f"each ground_truth as a string (bytes decoded, e.g. as UTF-8, when the file is made).")
+
+
 def _shm_copy(path: str) -> str:
     from rlx.models.shm import copy_to_shm
 
@@ -191,10 +202,12 @@ class RLDataset:
             rm = row.get("reward_model") or {}
             rm = _plain(rm)
             extra = _plain(row.get("extra_info")) or {}
+            truth = rm.get("ground_truth") if isinstance(rm, dict) else None
+            _check_ground_truth(truth, origin, in_file[i])
             item = {
                 "input_ids": list(tok),
                 "data_source": str(row[self.reward_fn_key]),
-                "ground_truth": rm.get("ground_truth") if isinstance(rm, dict) else None,
+                "ground_truth": truth,
                 "extra_info": dict(extra) if isinstance(extra, dict) else {"value": extra},
                 "raw_prompt": text,
                 "index": len(self._items),

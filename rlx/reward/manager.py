@@ -9,7 +9,9 @@ How the calls run (naive and dapo, one call per response): with `num_workers` > 
 one after another. Either way a step whose scoring passes 30 s logs a progress line. A call that raises stops the
 run, as a score that is not a finite number does: its traceback goes to the log, then a `RewardFunctionError` names
 the function, the sample and its data_source (the trainer ends with it as one `rlx: training stopped:` line). A call
-past the timeout is not an error: its response gets `timeout_score`, counted in `timeouts`.
+past the timeout gets `timeout_score`, counted in `timeouts` and said in one console line per step (the function,
+the count, the limit); a step whose every call timed out (the batch manager's one call included) is a
+`RewardError` naming the function, the limit and `reward_model.score_timeout_s`: all its scores would be equal.
 """
 from __future__ import annotations
 
@@ -171,14 +173,23 @@ class RewardManager:
         failed = [i for i, o in enumerate(outcomes) if o.kind in ("raised", "died")]
         if failed:
             raise self._failure(failed, outcomes, calls)
-        results = []
-        for o in outcomes:
-            if o.kind == "timeout":
-                self.timeouts += 1
-                results.append(float(self.timeout_score))
-            else:
-                results.append(o.value)
-        return results
+        self.timeouts = sum(o.kind == "timeout" for o in outcomes)
+        if self.timeouts:
+            self._report_timeouts(len(calls))
+        return [float(self.timeout_score) if o.kind == "timeout" else o.value for o in outcomes]
+
+    def _report_timeouts(self, calls: int) -> None:
+        """A step with calls past timeout_s: one console line (the function, the count, the limit); when every call
+        of the step timed out, a RewardError instead (every score would be timeout_score: nothing to learn)."""
+        fn = describe_fn(self.compute_score)
+        if self.timeouts == calls:
+            raise RewardError(f"reward function {fn}: all {calls} calls of the step ran past "
+                              f"reward_model.score_timeout_s={self.timeout_s} s, so every score would be "
+                              f"timeout_score={self.timeout_score} and the step would learn nothing. Fix: raise "
+                              f"reward_model.score_timeout_s, or make the function faster")
+        logger.warning("rlx: reward: %d/%d calls of reward function %s ran past reward_model.score_timeout_s=%s s "
+                       "this step; each scored timeout_score=%s", self.timeouts, calls, fn, self.timeout_s,
+                       self.timeout_score)
 
     def _failure(self, failed: list[int], outcomes: list[Outcome], calls: list[dict]) -> RewardFunctionError:
         i = failed[0]
@@ -224,12 +235,13 @@ class RewardManager:
         if self.batched:
             outcome = self._batch_call(dict(data_sources=list(sources), solution_strs=texts,
                                             ground_truths=list(truths), extra_infos=extra_infos))
-            if outcome.kind == "timeout":  # every response of the batch gets the failure score
-                self.timeouts = bsz
-                logger.warning("rlx: reward function %s (reward_model.reward_manager=batch) took more than %s s on a "
-                               "batch of %d responses (reward_model.score_timeout_s): each gets timeout_score=%s",
-                               describe_fn(self.compute_score), self.timeout_s, bsz, self.timeout_score)
-                outcome = Outcome("ok", [self.timeout_score] * bsz)
+            if outcome.kind == "timeout":  # the step's one call: every call of the step timed out
+                self.timeouts = 1
+                raise RewardError(f"reward function {describe_fn(self.compute_score)} (reward_model.reward_manager="
+                                  f"batch) ran past reward_model.score_timeout_s={self.timeout_s} s on a batch of "
+                                  f"{bsz} responses, so every score would be timeout_score={self.timeout_score} and "
+                                  f"the step would learn nothing. Fix: raise reward_model.score_timeout_s, or make "
+                                  f"the function faster")
             if outcome.kind != "ok":
                 fn = describe_fn(self.compute_score)
                 logger.error("reward function %s raised on a batch of %d responses; its traceback:\n%s", fn, bsz,

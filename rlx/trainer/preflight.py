@@ -440,8 +440,10 @@ def _check_resumed_models(cfg: RLXConfig, plan: JobPlan, resume_dir: str, proble
             continue
         with open(meta_path) as f:
             saved = json.load(f).get("model")
-        if saved is None:  # written by an rlx before the record: the load compares keys and shapes instead
-            log.info("%s has no model record (an earlier rlx): the %s model is checked at load", meta_path, role)
+        if saved is None:  # written by an rlx before the record: the saved keys and shapes are compared instead
+            from rlx.checkpoint.safety import unrecorded_model_problems
+
+            problems += unrecorded_model_problems(model_cfg, key, role, meta_path)
             continue
         try:
             built = expected(model_cfg, role)

@@ -208,6 +208,21 @@ def test_find_resume_dir_modes(tmp_path):
         ckpt.find_resume_dir(cfg)
 
 
+def test_an_incomplete_step_is_named_once_at_resume(tmp_path, caplog):
+    """Issue 51: a step folder without COMPLETE (a save that did not finish) is skipped with one line naming it
+    (before: without a word); complete steps are not named."""
+    root = str(tmp_path / "ckpts")
+    _filled_step(root, 6)
+    d7 = ckpt.step_dir(root, 7)
+    os.makedirs(os.path.join(d7, "actor", "model"))
+    with caplog.at_level("INFO", logger="rlx"):
+        assert ckpt.find_resume_dir(_auto(root)) == ckpt.step_dir(root, 6)
+    lines = [r.getMessage() for r in caplog.records if "incomplete" in r.getMessage()]
+    assert lines == [f"rlx: step 7 is incomplete: skipped ({d7} has no COMPLETE marker: its save did not finish)"], \
+        caplog.text
+    assert "step 6" not in caplog.text
+
+
 def test_driver_state_round_trip(tmp_path):
     import numpy as np
 

@@ -92,7 +92,8 @@ def test_a_checkpoint_that_would_run_code_is_refused_before_training(tmp_path, c
     err = capsys.readouterr().err
     assert code == 2, err
     assert not marker.exists(), "unpickling ran the checkpoint's code"
-    assert "extra_rank0.pt" in err and "weights_only=True" in err and "resave-extra" in err, err
+    assert "extra_rank0.pt" in err and "weights_only=True" in err and "trainer.resume_mode=disable" in err, err
+    assert "resave-extra" not in err, "re-saving loads the file the unsafe way: never advised for a refused file"
     assert not out.exists(), "nothing may start: no logs, no checkpoints"
     with pytest.raises(ckpt.UnsafeCheckpointError, match="extra_rank0.pt"):  # and the worker's loader refuses it too
         ckpt.load_extra(os.path.join(step, "actor", "extra_rank0.pt"))
@@ -220,6 +221,27 @@ def test_a_planted_payload_in_any_file_runs_nothing_and_is_named(real_step, tmp_
     assert len(problems) == 1 and str(step / rel) in problems[0], problems
 
 
+UNSAFE_ADVICE = ("weights_only=False", "`weights_only` set to `False`", "trust", "can still be loaded", "safe_globals",
+                 "resave-extra")
+
+
+@pytest.mark.parametrize("where", list(PLANTS))
+def test_a_refusal_line_has_no_escape_codes_and_no_advice_to_load_unsafely(real_step, tmp_path, where):
+    """Issue 51: the refusal of a planted file is one plain line: no terminal escape codes, nothing quoted from
+    torch's hint to load the file with weights_only=False or to allow its global, no advice to re-save it (which
+    loads it the unsafe way); where torch names the global, the line names it."""
+    from rlx.checkpoint import check_resume_files
+
+    step, _, _ = _planted(real_step, tmp_path, where)
+    problems = check_resume_files(str(step))
+    assert len(problems) == 1, problems
+    line = problems[0]
+    assert line.isprintable(), repr(line)  # no ESC, no newline or tab
+    assert not [a for a in UNSAFE_ADVICE if a in line], line
+    if where in ("extra", "optim_byte_item"):
+        assert "(global builtins.exec)" in line, line
+
+
 def test_the_clean_step_passes_and_loads_whole(real_step, tmp_path):
     """The fixture's own files pass; the safe reader and planner load the model and optimizer back (byte items
     included); a model with a layer less is refused by key, naming both sides."""
@@ -265,6 +287,7 @@ def test_main_refuses_a_planted_step_before_ray(real_step, tmp_path, capsys, mon
     assert code == 2, err
     assert not marker.exists(), "reading the checkpoint ran its code"
     assert str(step / rel) in err, err
+    assert "\x1b" not in err and not [a for a in UNSAFE_ADVICE if a in err], err
 
 
 def test_a_checkpoint_of_another_model_is_refused_before_ray(real_step, tmp_path, capsys, monkeypatch):
@@ -283,6 +306,146 @@ def test_a_checkpoint_of_another_model_is_refused_before_ray(real_step, tmp_path
     assert code == 2, err
     assert f"{step / 'actor' / 'meta.json'}: the checkpoint's actor is another model" in err, err
     assert "num_hidden_layers: checkpoint 4, this run 2" in err, err
+
+
+def test_a_shard_truncated_after_its_checksums_is_named_with_its_sizes_before_ray(real_step, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """Issue 51: a model shard cut short, the COMPLETE manifest rewritten to match (it verifies): the preflight names
+    the file and both sizes in one line (before: an 87-line Ray traceback ending in a bare EOFError)."""
+    import shutil
+
+    from unit.test_checkpoint_lock import _no_ray
+
+    from rlx.checkpoint import check_resume_files
+
+    _no_ray(monkeypatch)
+    step = tmp_path / "ckpts" / "global_step_1"
+    shutil.copytree(real_step, step)
+    shard = step / "actor" / "model" / "__0_0.distcp"
+    full = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(full // 2)
+    ckpt.mark_complete(str(step))
+    assert ckpt.verify(str(step)) == []
+    problems = check_resume_files(str(step))
+    assert len(problems) == 1 and "\n" not in problems[0], problems
+    assert f"{shard} is truncated: {full // 2} bytes" in problems[0] and f"up to byte {full}" in problems[0], problems
+    code = main(["--config-name", "quickstart", "trainer.resume_mode=auto", f"trainer.default_local_dir={step.parent}",
+                 "trainer.logger=[console]"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{shard} is truncated: {full // 2} bytes" in err, err
+
+
+def _without_record(real_step, tmp_path):
+    """The fixture's step as an earlier rlx wrote it: meta.json without the model record."""
+    import shutil
+
+    step = tmp_path / "ckpts" / "global_step_1"
+    shutil.copytree(real_step, step)
+    meta = json.loads((step / "actor" / "meta.json").read_text())
+    del meta["model"]
+    (step / "actor" / "meta.json").write_text(json.dumps(meta))
+    ckpt.mark_complete(str(step))
+    return step
+
+
+@pytest.mark.parametrize("override,found", [
+    ("num_hidden_layers=2", "saved keys the model does not have (e.g. ['model.layers.2"),
+    ("intermediate_size=192", "shapes differ (e.g. ['model.layers.0.mlp.down_proj.weight saved [128, 256], here "
+                              "[128, 192]"),
+])
+def test_an_earlier_checkpoint_without_a_model_record_is_refused_before_ray(real_step, tmp_path, capsys, monkeypatch,
+                                                                           override, found):
+    """Issue 51: a checkpoint of an earlier rlx (no model record in meta.json) resumed with another model: the
+    preflight compares its saved keys and shapes with the model built on the meta device and refuses in one line,
+    naming the file and the fix (before: a raw Ray traceback from the load). The same model passes."""
+    from unit.test_checkpoint_lock import _no_ray
+
+    from conftest import load_config
+
+    _no_ray(monkeypatch)
+    step = _without_record(real_step, tmp_path)
+    code = main(["--config-name", "quickstart", "trainer.resume_mode=auto", f"trainer.default_local_dir={step.parent}",
+                 "trainer.logger=[console]", f"actor_rollout_ref.model.override_config.{override}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    line = next(x for x in err.splitlines() if "has no model record" in x)
+    assert f"{step / 'actor' / 'model' / '.metadata'}: the checkpoint's actor" in line and found in line, line
+    assert "Fix: resume with the model it was saved from" in line, line
+    from rlx.checkpoint.safety import unrecorded_model_problems
+
+    same = load_config([]).actor_rollout_ref.model
+    assert unrecorded_model_problems(same, "actor_rollout_ref.model", "actor", str(step / "actor" / "meta.json")) == []
+
+
+def _set_state_then(target: tuple, state, real: bytes) -> bytes:
+    """A pickle that pushes the global `target` (module, name), sets `state` on it (BUILD), drops it, and goes on
+    to unpickle `real` (a protocol-2 pickle of the true Metadata), whose result the file's is."""
+    import pickle
+
+    module, name = target
+    head = pickle.dumps(state, protocol=2)[2:-1]  # the state's opcodes, without PROTO and STOP
+    return b"\x80\x02c" + f"{module}\n{name}\n".encode() + head + pickle.BUILD + pickle.POP + real[2:]
+
+
+@pytest.mark.parametrize("target,state", [
+    (("torch.distributed.checkpoint.metadata", "Metadata"), (None, {"planted": 1})),
+    (("torch.distributed.checkpoint.metadata", "StorageMeta"), (None, {"__eq__": None})),
+    (("pathlib", "PurePosixPath"), (None, {"planted": 1})),
+    (("torch.serialization", "_get_layout"), {"planted": 1}),
+])
+def test_the_metadata_reader_sets_no_state_on_what_it_allows(real_step, tmp_path, target, state):
+    """Issue 51: a `.metadata` that sets attributes on a class (or function) the reader allows, then holds a real
+    Metadata: refused, naming the file, and nothing is set (before: accepted, the attribute set in the driver and
+    in every rank that read it)."""
+    import importlib
+    import pickle
+    import shutil
+
+    from rlx.checkpoint import check_resume_files
+
+    step = tmp_path / "ckpts" / "global_step_1"
+    shutil.copytree(real_step, step)
+    path = step / "actor" / "model" / ".metadata"
+    real = pickle.dumps(pickle.loads(path.read_bytes()), protocol=2)  # the fixture's own file: trusted here
+    path.write_bytes(_set_state_then(target, state, real))
+    obj = getattr(importlib.import_module(target[0]), target[1])
+    name = next(iter(state[1] if isinstance(state, tuple) else state))
+    before = obj.__dict__.get(name, "unset")
+    try:
+        problems = check_resume_files(str(step))
+        assert obj.__dict__.get(name, "unset") == before, f"{target} got {name} from the file"
+    finally:
+        if obj.__dict__.get(name, "unset") != before:
+            delattr(obj, name) if before == "unset" else setattr(obj, name, before)
+    assert len(problems) == 1 and str(path) in problems[0] and "would run code" in problems[0], problems
+    assert f"{target[0]}.{target[1]}" in problems[0], problems
+
+
+def test_the_metadata_reader_sets_only_plain_attributes_on_a_dcp_instance(real_step, tmp_path):
+    """Issue 51: a DCP metadata object's state may not change its class (slot state `__class__`), only set its
+    attributes; the fixture's own file still loads."""
+    import pickle
+    import shutil
+
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from rlx.checkpoint.safety import load_metadata
+
+    step = tmp_path / "global_step_1"
+    shutil.copytree(real_step, step)
+    path = step / "actor" / "model" / ".metadata"
+    assert isinstance(load_metadata(str(path)), Metadata)
+    real = pickle.loads(path.read_bytes())
+    # a Metadata whose BUILD carries slot state turning it into a StorageMeta: Metadata(...) then (dict, slots)
+    body = pickle.dumps(real, protocol=2)
+    cut = len(body) - 2
+    assert body[cut:] == pickle.BUILD + pickle.STOP  # the outermost object's BUILD, then STOP
+    slots = pickle.dumps({"__class__": None}, protocol=2)[2:-1].replace(b"N", b"ctorch.distributed.checkpoint."
+                                                                         b"metadata\nStorageMeta\n", 1)
+    path.write_bytes(body[:cut] + slots + pickle.TUPLE2 + body[cut:])
+    with pytest.raises(ckpt.UnsafeCheckpointError, match=r"__class__"):
+        load_metadata(str(path))
 
 
 def _two_ranks(rank: int, world: int, port: int, root: str, where: str) -> None:

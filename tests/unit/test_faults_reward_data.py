@@ -7,6 +7,7 @@ before rlx.reward's scoring pool and the data checks, and passes after.
 | a reward function that raises on some rows: a raw 36-line traceback without sample or data_source | test_raising_function_is_one_line_naming_function_sample_and_source, test_raising_and_dying_functions_in_the_pool |
 | a chat message `content` given as bytes: trains on the repr, silently | test_message_content_that_is_not_text_is_refused_with_file_and_row |
 | a string column with invalid UTF-8: a bare codec error without file or row | test_invalid_utf8_names_the_file_column_and_row |
+| (issue 51) a ground truth given as bytes: every response compared against "b'3'", silently | test_ground_truth_that_is_bytes_is_refused_with_file_and_row |
 | (item 7) a reward or tool file in a world-writable place | test_code_in_a_world_writable_place_is_loaded_with_a_warning |
 
 The tests that start the scoring processes are marked e2e (tests/markers.py); the rest run in this process.
@@ -175,6 +176,28 @@ def test_message_content_that_is_not_text_is_refused_with_file_and_row(tmp_path)
         RLDataset([str(good), str(bad)], build_byte_tokenizer(), _data_cfg())
     msg = str(e.value)
     assert str(bad) in msg and "row 0" in msg and "message 0" in msg and "bytes" in msg and "Fix:" in msg, msg
+
+
+@pytest.mark.parametrize("truth", [b"3", [b"3", b"03"]])
+def test_ground_truth_that_is_bytes_is_refused_with_file_and_row(tmp_path, truth):
+    """Issue 51: a binary reward_model.ground_truth (alone or in a list) is refused with the file, the row and the
+    fix, as bytes prompts are, not trained on with every response compared against "b'3'"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlx.data.dataset import RLDataset
+
+    good, path = tmp_path / "good.parquet", tmp_path / "truth.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(["1 2 ->", "3 4 ->"])), good)
+    rows = _rows(["5 6 ->", "7 8 ->"])
+    rows[0]["reward_model"]["ground_truth"] = None  # a column of one type: the row before has none
+    rows[1]["reward_model"]["ground_truth"] = truth
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(ValueError) as e:
+        RLDataset([str(good), str(path)], build_byte_tokenizer(), _data_cfg())
+    msg = str(e.value)
+    assert str(path) in msg and "row 1" in msg and "reward_model.ground_truth" in msg and "bytes" in msg, msg
+    assert "Fix: write each ground_truth as a string" in msg and "\n" not in msg, msg
 
 
 def test_invalid_utf8_names_the_file_column_and_row(tmp_path):
