@@ -181,9 +181,10 @@ class JobPlan:
 
 
 def resolve_engine(name: str, vllm_installed: Callable[[], bool] = vllm_available) -> tuple[Engine, str | None]:
-    """The engine rollout.name=`name` runs, and a note when auto fell back to hf."""
-    if name != "auto":
-        assert name in ENGINES, name  # validated
+    """The engine rollout.name=`name` runs, and a note when auto fell back to hf. A name rlx refuses (sglang, trtllm:
+    a config error of its own, with its fix) is planned as auto, so that `--check` still runs the rest of the
+    preflight and shows every problem at once."""
+    if name in ENGINES:
         return name, None  # type: ignore[return-value]
     if vllm_installed():
         return VLLM, None

@@ -26,16 +26,18 @@ TEMPLATE = (
 
 
 class ForcedToolAgent(ToolAgentLoop):
-    def __init__(self, context, turn_tokens: int = 6, **kwargs):
+    """Calls `tool` (probe) with {`arg`: the length of the turn's text} when the model's turn holds no call."""
+
+    def __init__(self, context, turn_tokens: int = 6, tool: str = "probe", arg: str = "n", **kwargs):
         super().__init__(context, **kwargs)
-        self.turn_tokens = int(turn_tokens)
+        self.turn_tokens, self.tool, self.arg = int(turn_tokens), tool, arg
 
     def turn_budget(self, remaining: int) -> int:
         return min(remaining, self.turn_tokens)
 
     def parse_calls(self, text: str):
         content, calls = super().parse_calls(text)
-        return content, calls or [ToolCall("probe", {"n": len(text)})]
+        return content, calls or [ToolCall(self.tool, {self.arg: len(text)})]
 
 
 @function_tool

@@ -24,6 +24,7 @@ import importlib.util
 import os
 from typing import Optional
 
+from rlx import verl_names
 from rlx.config.schema import DataConfig
 from rlx.data.dataset import NON_TENSOR_KEYS, RLDataset
 from rlx.protocol import Batch
@@ -48,13 +49,15 @@ def dataset_class(cfg: DataConfig) -> type:
     if spec is None or spec.loader is None:
         raise ValueError(f"{where} is not a Python source file. Fix: give a .py file.")
     module = importlib.util.module_from_spec(spec)
+    verl_names.install()  # a class written for verl imports its names: rlx serves them when verl is not installed
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - any failure while importing the user's file
-        fix = ("a verl dataset class does not load in rlx: port its row reading to a subclass of "
-               "rlx.data.dataset.RLDataset (docs/data.md)" if isinstance(e, ImportError)
-               and str(getattr(e, "name", "") or "").split(".")[0] == "verl" else "make the file import on its own")
-        raise ValueError(f"{where} failed to import ({type(e).__name__}: {e}). Fix: {fix}.") from e
+        line = verl_names.refusal_of(e)
+        if line:
+            raise ValueError(f"{where} failed to import: {line}") from e
+        raise ValueError(f"{where} failed to import ({type(e).__name__}: {e}). Fix: make the file import on its "
+                         f"own (python <the file> shows the error).") from e
     cls = getattr(module, str(name), None)
     if not isinstance(cls, type):
         found = sorted(k for k, v in vars(module).items() if isinstance(v, type) and v.__module__ == module.__name__)

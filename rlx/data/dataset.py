@@ -175,16 +175,7 @@ class RLDataset:
                              "model directory whose tokenizer defines pad_token or eos_token.")
         self.pad_token_id = int(pad)
 
-        rows: list[dict] = []
-        origins: list[str] = []
-        in_file: list[int] = []  # each row's index in its own file (what an error names)
-        for f in self.files:
-            file_rows = self.read_rows(f)
-            self._check_columns(file_rows, f)
-            rows.extend(file_rows)
-            origins.extend([f] * len(file_rows))
-            in_file.extend(range(len(file_rows)))
-
+        rows, origins, in_file = self.read_all_rows()
         texts = [self._render(row, origin, j) for row, origin, j in zip(rows, origins, in_file)]
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
@@ -250,6 +241,20 @@ class RLDataset:
                     raise ValueError(f"data file {origin!r}, row {i}: column {column!r} ({key}) holds "
                                      f"{type(value).__name__} data, but rlx does not support multi-modal data yet. "
                                      f"Fix: remove the column (or its values) to train on the text prompts alone.")
+
+    def read_all_rows(self) -> tuple[list[dict], list[str], list[int]]:
+        """The rows of every data file (`read_rows`, columns checked), with each row's file and index in that file
+        (what an error names)."""
+        rows: list[dict] = []
+        origins: list[str] = []
+        in_file: list[int] = []
+        for f in self.files:
+            file_rows = self.read_rows(f)
+            self._check_columns(file_rows, f)
+            rows.extend(file_rows)
+            origins.extend([f] * len(file_rows))
+            in_file.extend(range(len(file_rows)))
+        return rows, origins, in_file
 
     def read_rows(self, path: str) -> list[dict]:
         """The rows of one data file in verl's row format (see the module docstring): a parquet file or a

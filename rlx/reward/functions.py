@@ -12,6 +12,7 @@ import importlib.util
 import os
 from typing import Callable
 
+from rlx import verl_names
 from rlx.config.schema import CustomRewardFunctionConfig
 from rlx.reward.rules import gsm8k, math_sources
 from rlx.reward.rules.synthetic import REWARDS as SYNTHETIC_REWARDS
@@ -44,33 +45,20 @@ def builtin_score(data_source, solution_str: str, ground_truth, extra_info=None,
                      f"custom_reward_function.name if it is not 'compute_score')")
 
 
-# verl's reward helpers that custom reward files import, and rlx's own function of the same meaning (rlx does not
-# install or imitate the `verl` package: a file that imports it fails, and the error names these replacements).
-VERL_REWARD_IMPORTS = {
-    "verl.utils.reward_score.default_compute_score": "rlx.reward.functions.default_compute_score",
-    "verl.utils.reward_score.gsm8k.compute_score": "rlx.reward.rules.gsm8k.compute_score",
-    "verl.utils.reward_score.math_reward.compute_score": "rlx.reward.rules.math_boxed.compute_score",
-    "verl.utils.reward_score.math_reward.last_boxed_only_string": "rlx.reward.rules.math_boxed.last_boxed",
-    "verl.utils.reward_score.math_reward.remove_boxed": "rlx.reward.rules.math_boxed.unbox",
-    "verl.utils.reward_score.math_dapo.compute_score": "rlx.reward.rules.math_minerva.compute_score",
-    "verl.utils.reward_score.math_dapo.last_boxed_only_string": "rlx.reward.rules.math_minerva.last_boxed",
-    "verl.utils.reward_score.math_dapo.remove_boxed": "rlx.reward.rules.math_boxed.unbox",
-    "verl.utils.reward_score.math_dapo.normalize_final_answer": "rlx.reward.rules.math_minerva.normalise",
-}
+def _import_error(path: str, e: Exception) -> str:
+    """Why the reward file failed to import, and the fix; for a verl name rlx does not serve: which ones it does."""
+    line = verl_names.refusal_of(e)
+    if line:
+        return f"custom_reward_function.path={path!r} failed to import: {line}"
+    return (f"custom_reward_function.path={path!r} failed to import ({type(e).__name__}: {e}). Fix: make the file "
+            f"import on its own (python <the file> shows the error)")
 
 
-def _verl_import_hint(e: Exception) -> str:
-    """The fix for a reward file that fails to import; for one that imports verl: what to import from rlx instead."""
-    if not isinstance(e, ModuleNotFoundError) or not (e.name == "verl" or str(e.name).startswith("verl.")):
-        return ". Fix: make the file import on its own (python <the file> shows the error)"
-    pairs = "; ".join(f"{v} -> {r}" for v, r in VERL_REWARD_IMPORTS.items())
-    return (f". The file imports verl, which rlx does not install or imitate. Fix: import rlx's own functions instead "
-            f"({pairs}; unbox raises ValueError where verl's remove_boxed asserts), or make verl importable")
-
-
-def default_compute_score(data_source, solution_str: str, ground_truth, extra_info=None, **kwargs):
-    """verl's default score function: dispatch on ``data_source`` to the built-in rule rewards, each with its own
-    defaults. As in verl, extra keyword arguments are accepted and not passed on."""
+def default_compute_score(data_source, solution_str: str, ground_truth, extra_info=None, sandbox_fusion_url=None,
+                          concurrent_semaphore=None, memory_limit_mb=None, **kwargs):
+    """verl's default score function, with its signature: dispatch on ``data_source`` to the built-in rule rewards,
+    each with its own defaults. As in verl, extra keyword arguments are accepted and not passed on; the sandbox
+    arguments serve verl's code data sources, which rlx does not score (such a source is a ValueError)."""
     return builtin_score(data_source, solution_str, ground_truth, extra_info)
 
 
@@ -97,6 +85,7 @@ def _read_function(path: str, name: str) -> Callable:
         raise ValueError(f"custom_reward_function.path={path!r} is not a file. Fix: give a .py file defining "
                          f"{name}(data_source, solution_str, ground_truth, extra_info=None, **kwargs)")
     module_name = f"rlx_custom_reward_{abs(hash(os.path.abspath(path)))}"
+    verl_names.install()  # a file written for verl imports its names: rlx serves them when verl is not installed
     try:
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
@@ -104,8 +93,7 @@ def _read_function(path: str, name: str) -> Callable:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"custom_reward_function.path={path!r} failed to import "
-                         f"({type(e).__name__}: {e}){_verl_import_hint(e)}") from e
+        raise ValueError(_import_error(path, e)) from e
     fn = getattr(module, name, None)
     if not callable(fn):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))

@@ -40,6 +40,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from rlx import verl_names
 from rlx.config.schema import RLXConfig
 from rlx.plan import JobPlan, make_plan
 
@@ -113,6 +114,9 @@ def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
     if model_dir is not None:
         _check_disk_space(cfg, plan, problems)
     resume_dir = _check_resume(cfg, plan, problems)
+    served = verl_names.served_line()  # the verl names the users' files got from rlx, said once
+    if served:
+        log.info(served)
     if problems:
         raise PreflightError(problems)
     return DriverInputs(tokenizer, train, val, score_fn, resume_dir)
@@ -261,13 +265,13 @@ def _tool_schemas(cfg: RLXConfig) -> list[dict] | None:
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if not (mt.tool_config_path or mt.function_tool_path):
         return None
-    from rlx.workers.rollout.agent.tools import load_tools
+    from rlx.workers.rollout.agent.tools import load_tools, schema_of
 
     try:
         tools = load_tools(mt.tool_config_path, mt.function_tool_path)
     except Exception:  # noqa: BLE001 - the rollout worker loads them again and reports the error by key
         return None
-    return [tool.tool_schema for tool in tools.values()] or None
+    return [schema_of(tool) for tool in tools.values()] or None
 
 
 def _load_dataset(key: str, files, tokenizer, cfg: RLXConfig, problems: list[str]):

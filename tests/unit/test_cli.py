@@ -148,6 +148,23 @@ def test_check_runs_the_preflight(capsys, tmp_path):
     assert "the job cannot start (checked before Ray)" in err and str(missing) in err
 
 
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_check_refuses_another_engine_in_one_line_and_runs_the_rest_of_the_preflight(capsys, tmp_path, engine):
+    """A rollout engine rlx does not serve is one config error with its fix; the preflight still runs (here it
+    finds the missing data file), so --check shows every problem at once."""
+    missing = tmp_path / "nope.parquet"
+    code, out, err = run_main(capsys, "--config-name", "quickstart", f"actor_rollout_ref.rollout.name={engine}",
+                              "reward_model.enable=True", "reward_model.model.path=builtin://tiny-qwen2",
+                              "reward_model.judge.enable=True", "reward_model.rollout.name=sglang",
+                              f"data.train_files={missing}", "--check")
+    assert code == 2 and out == ""
+    assert "stopped early" not in err and "AssertionError" not in err
+    for key, name in (("actor_rollout_ref.rollout.name", engine), ("reward_model.rollout.name", "sglang")):
+        [refusal] = [line for line in err.splitlines() if f"{key}={name}" in line or f"{key}={name!r}" in line]
+        assert "Fix:" in refusal
+    assert f"data file '{missing}' does not exist" in err
+
+
 def test_check_and_cfg_together_is_a_usage_error(capsys):
     code, _, err = run_main(capsys, "--check", "--cfg", "job")
     assert code == 2 and "--check and --cfg" in err

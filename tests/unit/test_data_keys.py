@@ -146,8 +146,12 @@ def test_custom_dataset_config_errors(tmp_path):
     verl_file = tmp_path / "retool.py"
     verl_file.write_text("from verl.utils.dataset import RLHFDataset\n\n\n"
                          "class CustomRLHFDataset(RLHFDataset):\n    pass\n")
-    with pytest.raises(PreflightError, match=r"failed to import \(ModuleNotFoundError: No module named 'verl'\)\. "
-                                             r"Fix: a verl dataset class does not load in rlx"):
+    inputs = _inputs([f"data.custom_cls.path={verl_file}", "data.custom_cls.name=CustomRLHFDataset"])
+    assert type(inputs.train_dataset).__name__ == "CustomRLHFDataset"  # verl's RLHFDataset, served by rlx
+    verl_file.write_text("from verl.tools.sandbox_fusion_tools import SandboxFusionTool\n"
+                         "from verl.utils.dataset import RLHFDataset\n")
+    with pytest.raises(PreflightError, match=r"failed to import: verl.tools.sandbox_fusion_tools is not one of the "
+                                             r"verl names rlx serves"):
         _inputs([f"data.custom_cls.path={verl_file}", "data.custom_cls.name=CustomRLHFDataset"])
     with pytest.raises(ValueError, match=r"data.custom_cls.path=.* needs data.custom_cls.name"):
         load_config(BASE + [f"data.custom_cls.path={tmp_path / 'x.py'}"])

@@ -133,7 +133,7 @@ def test_custom_dataset_and_reward_file_errors_say_the_fix(tmp_path):
     empty = tmp_path / "empty.py"
     empty.write_text("class NotADataset:\n    pass\n\nX = 1\n")
     verl = tmp_path / "verl_file.py"
-    verl.write_text("from verl.utils.reward_score import default_compute_score\n")
+    verl.write_text("from verl.utils.reward_score import prime_math\n")  # one rlx does not serve
     calls = {
         "dataset file missing": lambda: dataset_class(data_cfg(custom_cls={"path": str(tmp_path / "no.py"),
                                                                            "name": "D"})),
@@ -144,7 +144,8 @@ def test_custom_dataset_and_reward_file_errors_say_the_fix(tmp_path):
                                                                                   "name": "NotADataset"})),
         "reward file missing": lambda: load_reward_fn(CustomRewardFunctionConfig(path=str(tmp_path / "no.py"))),
         "reward file fails to import": lambda: load_reward_fn(CustomRewardFunctionConfig(path=str(broken))),
-        "reward file imports verl": lambda: load_reward_fn(CustomRewardFunctionConfig(path=str(verl))),
+        "reward file imports a verl name rlx does not serve":
+            lambda: load_reward_fn(CustomRewardFunctionConfig(path=str(verl))),
         "reward function missing": lambda: load_reward_fn(CustomRewardFunctionConfig(path=str(empty), name="score")),
         "no built-in reward": lambda: builtin_score("my/source", "1", "1"),
     }

@@ -20,6 +20,7 @@ LAYERS = [
     ("rlx.algos", 0),              # pure tensor math: advantages, losses, KL, metrics
     ("rlx.protocol", 0),           # the batch container that crosses the Ray boundary
     ("rlx.models", 0),             # built-in model directories (config's validation reads their layer count)
+    ("rlx.verl_names", 0),         # verl's import names for users' files; its rlx targets are named by string
     # 1: typed config, loading, validation, device defaults
     ("rlx.config", 1),
     ("rlx.plan", 1),               # the job plan, resolved once from the config (validation reads its roles)

@@ -10,8 +10,9 @@ fails on a malformed string, the raw strings are compared.
 from __future__ import annotations
 
 
-class Unreadable(ValueError):
-    """A string the normalisation cannot read (the benchmark then compares the raw strings)."""
+class Unreadable(ValueError, AssertionError):
+    """A string the normalisation cannot read (the benchmark then compares the raw strings). Also an AssertionError,
+    which verl's `remove_boxed` raises for such a string: code written against verl catches it the same way."""
 
 
 def last_boxed(text: str) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from rlx.reward.rules.math_boxed import balanced_from
+from rlx.reward.rules.math_boxed import Unreadable, balanced_from
 
 CLIP_CHARS = 300
 BOX_CHARS = 100
@@ -57,6 +57,13 @@ def last_boxed(text: str) -> str | None:
     return balanced_from(text, start)
 
 
+def unbox(boxed: str) -> str:
+    """The content of ``\\boxed{x}``; `Unreadable` (a ValueError and an AssertionError) for anything else."""
+    if not boxed.startswith("\\boxed{") or not boxed.endswith("}"):
+        raise Unreadable(f"box error: {boxed}")
+    return boxed[len("\\boxed{"):-1]
+
+
 def boxed_answer(text: str, pause_tokens_index: list[int] | None = None) -> str | None:
     """The content of the last ``\\boxed{...}`` in the final 100 characters (before the last pause token, when
     given), or None."""
@@ -67,7 +74,7 @@ def boxed_answer(text: str, pause_tokens_index: list[int] | None = None) -> str 
     else:
         text = text[-BOX_CHARS:]
     boxed = last_boxed(text)
-    return None if boxed is None else boxed[len("\\boxed{"):-1]
+    return None if boxed is None else unbox(boxed)
 
 
 def verify(solution_str: str, ground_truth: str, strict_box_verify: bool = False,

@@ -20,7 +20,7 @@ from typing import Optional
 
 from rlx.workers.rollout.agent import hermes
 from rlx.workers.rollout.agent.loop import AgentLoop, AgentOutput, Request, Server, register
-from rlx.workers.rollout.agent.tools import ToolResult, call_tool, truncate
+from rlx.workers.rollout.agent.tools import ToolResult, call_tool, schema_of, truncate
 
 logger = logging.getLogger("rlx")
 PARSERS = {"hermes": hermes.parse}
@@ -39,7 +39,7 @@ class ToolAgentLoop(AgentLoop):
 
     @property
     def schemas(self) -> list[dict]:
-        return [tool.tool_schema for tool in self.ctx.tools.values()]
+        return [schema_of(tool) for tool in self.ctx.tools.values()]
 
     async def run(self, server: Server, *, prompt_ids: list[int], raw_chat: Optional[list[dict]],
                   extra_info: dict, sample_index: int) -> AgentOutput:

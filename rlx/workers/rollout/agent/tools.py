@@ -31,6 +31,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from rlx import verl_names
 from rlx.workers.rollout.agent import tool_procs
 
 logger = logging.getLogger("rlx")
@@ -47,6 +48,11 @@ class BaseTool:
         self.config = dict(config or {})
         self.tool_schema = tool_schema
         self.name = tool_schema["function"]["name"]
+
+    @classmethod
+    def build(cls, config: dict, tool_schema: dict) -> "BaseTool":
+        """The tool of one entry of the tool YAML (its `config` and `tool_schema` dicts)."""
+        return cls(config, tool_schema)
 
     async def create(self, instance_id: Optional[str] = None, **kwargs) -> tuple[str, ToolResponse]:
         return instance_id or uuid.uuid4().hex, ToolResponse()
@@ -110,14 +116,24 @@ def function_schema(fn: Callable) -> dict:
                                                             "required": required}}}
 
 
+def schema_of(tool) -> dict:
+    """A tool's OpenAI function schema as a dict (a verl tool keeps it as a pydantic model), for the chat template."""
+    schema = tool.tool_schema
+    return schema.model_dump(exclude_unset=True, exclude_none=True) if hasattr(schema, "model_dump") else schema
+
+
 def _import(path: str):
     path = VERL_TOOL_CLASSES.get(path, path)
     module, _, name = path.rpartition(".")
     if not module:
         raise ValueError(f"tool class_name {path!r} must be a dotted path package.module.Class")
+    verl_names.install()  # a tool written for verl imports its names: rlx serves them when verl is not installed
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
+        line = verl_names.refusal_of(e)
+        if line:
+            raise ValueError(f"tool class_name {path!r} cannot be imported: {line}") from e
         raise ValueError(f"tool class_name {path!r} cannot be imported ({e}); put its module on PYTHONPATH "
                          f"(rollout.multi_turn.tool_config_path)") from e
 
@@ -142,7 +158,10 @@ def load_tool_config(path: str) -> list[BaseTool]:
         cls = _import(entry["class_name"])
         if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
             raise ValueError(f"{where}: {entry['class_name']} is not a subclass of {BaseTool.__module__}.BaseTool")
-        tools.append(cls(entry.get("config") or {}, schema))
+        try:
+            tools.append(cls.build(entry.get("config") or {}, schema))
+        except ValueError as e:  # e.g. a verl tool's schema that verl's model does not read
+            raise ValueError(f"{where}: {e}") from e
     return tools
 
 
