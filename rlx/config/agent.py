@@ -9,7 +9,7 @@ from typing import Optional
 from rlx.config.rules import check_positive, choice
 
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")  # the built-in ones (rlx.workers.rollout.agent)
-TOOL_FORMATS = ("hermes",)
+TOOL_FORMATS = ("hermes", "gpt-oss")
 TRUNCATE_SIDES = ("left", "middle", "right")
 SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
@@ -67,7 +67,8 @@ class MultiTurnConfig:
     on any difference) | ignore_strippable (ignore whitespace-only differences) | disable."""
     format: str = choice("hermes", TOOL_FORMATS)
     """Tool-call format parsed from the model's text: hermes (`<tool_call>{"name": ..., "arguments": {...}}
-    </tool_call>`, Qwen's)."""
+    </tool_call>`, Qwen's) | gpt-oss (OpenAI's harmony messages: a call is addressed `to=functions.NAME` and ends
+    with `<|call|>`; the tools' replies are laid out as harmony messages rather than by the chat template)."""
     num_repeat_rollouts: Optional[int] = None
     """verl key (not supported)."""
     tool_timeout_s: float = 60.0

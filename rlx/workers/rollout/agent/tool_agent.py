@@ -1,4 +1,4 @@
-"""`tool_agent` (verl's): generate -> parse the turn's tool calls (hermes) -> run them concurrently (timeout, errors
+"""`tool_agent` (verl's): generate -> parse the turn's tool calls (hermes or gpt-oss) -> run them concurrently (timeout, errors
 as text) -> append their replies as the chat template's tool turn -> generate again, until the model calls no tool,
 a turn limit (`max_assistant_turns`, `max_user_turns`) is reached or the response budget
 (`data.max_response_length`, the model's and the tools' tokens together) is spent.
@@ -8,7 +8,8 @@ template's tokens for the tool turn (mask 0: no loss, no advantage, but in the c
 The tool turn's tokens are the difference the turn makes to the rendered conversation: the chat template applied to
 [user, assistant] and to [user, assistant, *tool messages] with the generation prompt, plus whatever the template
 puts after the assistant's end-of-turn token (Qwen: a newline) and that end token itself when the model was cut off
-before writing it.
+before writing it. With `multi_turn.format=gpt-oss` the tool turn is the harmony layout of the replies instead
+(rlx.workers.rollout.agent.gpt_oss), as verl lays it out.
 """
 from __future__ import annotations
 
@@ -18,18 +19,18 @@ import time
 from functools import cached_property
 from typing import Optional
 
-from rlx.workers.rollout.agent import hermes
+from rlx.workers.rollout.agent import gpt_oss, hermes
 from rlx.workers.rollout.agent.loop import AgentLoop, AgentOutput, Request, Server, register
 from rlx.workers.rollout.agent.tools import ToolResult, call_tool, truncate
 
 logger = logging.getLogger("rlx")
-PARSERS = {"hermes": hermes.parse}
+PARSERS = {"hermes": hermes.parse, "gpt-oss": gpt_oss.parse}
 
 
 @register("tool_agent")
 class ToolAgentLoop(AgentLoop):
     def parse_calls(self, text: str) -> tuple[str, list[hermes.ToolCall]]:
-        """(the turn's text without its calls, the calls); multi_turn.format picks the parser (hermes)."""
+        """(the turn's text without its calls, the calls); multi_turn.format picks the parser."""
         return PARSERS[self.ctx.multi_turn.format](text)
 
     def turn_budget(self, remaining: int) -> int:
@@ -79,7 +80,7 @@ class ToolAgentLoop(AgentLoop):
             results = await self._run_calls(calls[:mt.max_parallel_calls], tools_kwargs, m)
             replies = [{"role": "tool", "content": truncate(r.text, mt.max_tool_response_length,
                                                             mt.tool_response_truncate_side)} for r in results]
-            segment = self._tool_turn_ids(ids, replies)
+            segment = self._tool_turn_ids(ids, replies, [c.name for c in calls[:mt.max_parallel_calls]])
             if len(response) + len(segment) >= R:  # no room left for the model to answer: stop here (verl)
                 break
             response += segment
@@ -139,8 +140,19 @@ class ToolAgentLoop(AgentLoop):
             return ids, [], None
         return ids, ids[ends[-1] + 1:], ids[ends[-1]]
 
-    def _tool_turn_ids(self, generated: list[int], replies: list[dict]) -> list[int]:
+    def _tool_turn_ids(self, generated: list[int], replies: list[dict], names: list[str]) -> list[int]:
+        if self.ctx.multi_turn.format == "gpt-oss":
+            return self._harmony_ids(generated, gpt_oss.tool_turn([(n, r["content"]) for n, r in zip(names, replies)]))
+        return self._template_turn_ids(generated, replies)
+
+    def _harmony_ids(self, generated: list[int], text: str) -> list[int]:
+        """The tokens of a harmony turn `text`, after closing the model's message if it was cut off."""
         tok = self.ctx.tokenizer
+        turn = tok.decode(generated, skip_special_tokens=False)
+        return list(tok(gpt_oss.closing(turn) + text, add_special_tokens=False)["input_ids"])
+
+    def _template_turn_ids(self, generated: list[int], replies: list[dict]) -> list[int]:
+        """The tokens the chat template adds for `replies` (tool or user messages) after the model's turn."""
         prefix, after_end, end = self._turn_frame
         base = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
         full = self._ids(base + replies, add_generation_prompt=True)
@@ -154,7 +166,7 @@ class ToolAgentLoop(AgentLoop):
     def _mismatch(self, messages: list[dict], ids: list[int], mask: list[int]) -> bool:
         """tokenization_sanity_check_mode: does the whole conversation, rendered at once, give the same tokens?"""
         mode = self.ctx.multi_turn.tokenization_sanity_check_mode
-        if mode == "disable":
+        if mode == "disable" or self.ctx.multi_turn.format == "gpt-oss":  # its turns are not the template's
             return False
         tok = self.ctx.tokenizer
         if messages[-1]["role"] == "tool":  # stopped after tools: the trajectory ends before their turn
