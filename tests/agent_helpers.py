@@ -11,6 +11,7 @@ import asyncio
 import time
 
 from rlx.workers.rollout.agent.hermes import ToolCall
+from rlx.workers.rollout.agent.interactions import BaseInteraction
 from rlx.workers.rollout.agent.tool_agent import ToolAgentLoop
 from rlx.workers.rollout.agent.tools import BaseTool, ToolResponse, function_tool
 
@@ -76,3 +77,40 @@ def slow_sync(seconds: float) -> str:
     """
     time.sleep(seconds)
     return "woke"
+
+
+class CappedAgent(ToolAgentLoop):
+    """The tool_agent with its model turns capped at `turn_tokens` (the tiny random model rarely writes an EOS)."""
+
+    def __init__(self, context, turn_tokens: int = 6, **kwargs):
+        super().__init__(context, **kwargs)
+        self.turn_tokens = int(turn_tokens)
+
+    def turn_budget(self, remaining: int) -> int:
+        return min(remaining, self.turn_tokens)
+
+
+class TryAgain(BaseInteraction):
+    """An interaction that tells the model to try again until its `patience`-th answer, then accepts it; it keeps
+    what it was shown and which trajectories are open."""
+
+    def __init__(self, config: dict):
+        super().__init__(config)
+        self.patience = int(config.get("patience", 3))
+        self.open: dict[str, list] = {}
+        self.seen: list[list[dict]] = []
+
+    async def start_interaction(self, instance_id=None, **kwargs):
+        self.open[instance_id] = []
+        return instance_id
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        self.seen.append([dict(m) for m in messages])
+        answers = self.open[instance_id]
+        answers.append(messages[-1]["content"])
+        if len(answers) >= self.patience:
+            return True, "Accepted.", 1.0, {}
+        return False, f"Try again ({len(answers)})", 0.0, {}
+
+    async def finalize_interaction(self, instance_id=None, **kwargs):
+        del self.open[instance_id]

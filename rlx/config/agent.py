@@ -9,7 +9,7 @@ from typing import Optional
 from rlx.config.rules import check_positive, choice
 
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")  # the built-in ones (rlx.workers.rollout.agent)
-TOOL_FORMATS = ("hermes",)
+TOOL_FORMATS = ("hermes", "gpt-oss")
 TRUNCATE_SIDES = ("left", "middle", "right")
 SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
@@ -67,9 +67,16 @@ class MultiTurnConfig:
     on any difference) | ignore_strippable (ignore whitespace-only differences) | disable."""
     format: str = choice("hermes", TOOL_FORMATS)
     """Tool-call format parsed from the model's text: hermes (`<tool_call>{"name": ..., "arguments": {...}}
-    </tool_call>`, Qwen's)."""
+    </tool_call>`, Qwen's) | gpt-oss (OpenAI's harmony messages: a call is addressed `to=functions.NAME` and ends
+    with `<|call|>`; the tools' replies are laid out as harmony messages rather than by the chat template)."""
+    interaction_config_path: Optional[str] = None
+    """verl's interaction YAML: `interaction: [{name, class_name: pkg.mod.Class, config: {...}}]`. In the tool_agent
+    loop, a model turn without a tool call goes to the row's interaction (extra_info.interaction_kwargs.name), whose
+    reply is the next user turn, until it says to stop (rlx.workers.rollout.agent.interactions; docs/agent.md)."""
     num_repeat_rollouts: Optional[int] = None
-    """verl key (not supported)."""
+    """With an interaction (verl's CollabLLM loop): the trajectory trained is the model's first turn, and this many
+    conversations are simulated from it (interaction and model taking turns); the reward function finds them in
+    extra_info["messages"] and their interaction scores in extra_info["turn_scores"]. null: off."""
     tool_timeout_s: float = 60.0
     """A tool call taking longer than this many seconds is stopped (a sync function tool's worker process is killed);
     the model reads an error message instead."""
@@ -102,6 +109,14 @@ def check_agent(cfg, errors):
         if v is not None and (not isinstance(v, int) or v < 1):
             errors.append(f"{key}.multi_turn.{k}={v!r} must be a positive integer or null (no limit). Fix: "
                           f"{key}.multi_turn.{k}=null.")
+    n = mt.num_repeat_rollouts
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        errors.append(f"{key}.multi_turn.num_repeat_rollouts={n!r} must be a positive integer or null. Fix: "
+                      f"{key}.multi_turn.num_repeat_rollouts=null.")
+    elif n is not None and not mt.interaction_config_path:
+        errors.append(f"{key}.multi_turn.num_repeat_rollouts={n} simulates conversations with an interaction agent, "
+                      f"and none is set. Fix: set {key}.multi_turn.interaction_config_path, or "
+                      f"{key}.multi_turn.num_repeat_rollouts=null.")
     tools_wanted = mt.enable or agent.default_agent_loop == "tool_agent"
     if uses_agent_loop(r) and tools_wanted and not cfg.data.return_raw_chat:
         errors.append(f"the tool_agent loop renders each row's chat itself and needs data.return_raw_chat=True "

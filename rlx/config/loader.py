@@ -45,10 +45,6 @@ NOT_IN_VERL = {
     "actor_rollout_ref.model.torch_dtype": (
         "verl 0.9.1 has no such key either; the policy's parameter dtype is "
         "actor_rollout_ref.actor.fsdp_config.model_dtype (and the rollout's actor_rollout_ref.rollout.dtype)"),
-    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": (
-        "verl's interaction agents (a simulated user replying between turns), removed from verl 0.9.1's config; "
-        "rlx has no interaction agents: its multi-turn rollout is the tool_agent loop "
-        "(actor_rollout_ref.rollout.multi_turn.tool_config_path)"),
 }
 
 

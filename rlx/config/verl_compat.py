@@ -33,7 +33,6 @@ NOT_SUPPORTED: dict[str, Any] = {
     "actor_rollout_ref.ref.fsdp_config.wrap_policy": {"min_num_params": 0},
     "actor_rollout_ref.ref.fsdp_config.optimizer_offload": False,  # the ref has no optimizer
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": False,
-    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": None,
     "actor_rollout_ref.rollout.agent.custom_async_server.path": None,
     "actor_rollout_ref.rollout.agent.custom_async_server.name": None,
     "actor_rollout_ref.rollout.checkpoint_engine.backend": "naive",

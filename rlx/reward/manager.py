@@ -232,6 +232,9 @@ class RewardManager:
         valids = [mask_cpu[i].nonzero(as_tuple=True)[0] for i in range(bsz)]
         texts = [self.tokenizer.decode(resp_cpu[i][valids[i]].tolist(), skip_special_tokens=True) for i in range(bsz)]
         extra_infos = [extras[i] if extras is not None else None for i in range(bsz)]
+        agent = batch.non_tensors.get("agent_extra")  # the agent loop's fields of a row (verl: turn_scores, ...)
+        if agent is not None:
+            extra_infos = [{**(e or {}), **a} if a else e for e, a in zip(extra_infos, agent)]
         if self.batched:
             outcome = self._batch_call(dict(data_sources=list(sources), solution_strs=texts,
                                             ground_truths=list(truths), extra_infos=extra_infos))

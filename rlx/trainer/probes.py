@@ -143,7 +143,8 @@ def check_loggers(cfg, errors):
 def check_agent_files(cfg, errors):
     """The agent loop's registry and the tools' files exist."""
     r, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout"
-    for k in ("agent.agent_loop_config_path", "multi_turn.tool_config_path", "multi_turn.function_tool_path"):
+    for k in ("agent.agent_loop_config_path", "multi_turn.tool_config_path", "multi_turn.function_tool_path",
+              "multi_turn.interaction_config_path"):
         path = get_key(r, k)
         if path and not os.path.isfile(os.path.expanduser(path)):
             errors.append(f"{key}.{k}={path!r} is not a file. Fix: {key}.{k}=<the path of an existing file>.")

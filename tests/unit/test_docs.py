@@ -25,7 +25,6 @@ NOT_KEYS = {
     "data.max_": "short for data.max_prompt_length / data.max_response_length",
     "reward_model.ground_truth": "a column of verl's rows, not a key",
     "actor_rollout_ref.model.torch_dtype": "a key of verl's scripts that verl 0.9.1 lacks too",
-    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": "a key of verl's scripts that verl 0.9.1 lacks",
     "reward_model.sandbox_fusion": "an older verl's section, refused",
     "reward_model.sandbox_fusion.url": "an older verl's key, refused",
 }

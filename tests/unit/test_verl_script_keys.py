@@ -5,8 +5,8 @@
   a text-only model trains whole, with one note.
 - `rollout.data_parallel_size` / `expert_parallel_size`: verl's default 1 (rlx's layout) accepted, above 1 refused.
 - `rollout.trace.*`: accepted while `trace.backend` is null (inert, as in verl); a backend is refused.
-- Keys verl 0.9.1 does not have either (`model.torch_dtype`, `reward_model.sandbox_fusion.*`,
-  `multi_turn.interaction_config_path`): the unknown-key error says where the setting lives, or why there is none.
+- Keys verl 0.9.1 does not have either (`model.torch_dtype`, `reward_model.sandbox_fusion.*`):
+  the unknown-key error says where the setting lives, or why there is none.
 """
 from __future__ import annotations
 
@@ -116,7 +116,6 @@ def test_trace_keys_are_inert_without_a_backend_and_a_backend_is_refused():
     ("actor_rollout_ref.model.torch_dtype=bfloat16", "actor_rollout_ref.actor.fsdp_config.model_dtype"),
     ("reward_model.sandbox_fusion.url=http://sandbox/run_code", "reward.sandbox_fusion"),
     ("reward_model.sandbox_fusion.max_concurrent=128", "not implemented"),
-    ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=interaction.yaml", "interaction agents"),
 ])
 def test_keys_verl_does_not_have_either_say_where_the_setting_is(override, says):
     key = override.split("=")[0]

@@ -36,7 +36,12 @@ class AgentOutput:
     num_turns: int = 2
     """user/tool turns + assistant turns + 1 (verl's count: a single turn is 2)."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """Per trajectory: tool_calls, tool_errors, tool_wait_s, assistant_tokens, tool_tokens."""
+    """Per trajectory: tool_calls, tool_errors, tool_wait_s, assistant_tokens, tool_tokens (with an interaction:
+    interaction_turns, interaction_score, interaction_tokens)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """verl's extra fields of the trajectory, which the reward function finds in its row's extra_info: with an
+    interaction `turn_scores` (its score of each turn), with num_repeat_rollouts `messages` (the simulated
+    conversations) and `turn_scores` (one list per conversation)."""
 
 
 class AgentLoop:
@@ -59,12 +64,14 @@ class AgentLoop:
 @dataclass
 class LoopContext:
     """What a loop may use besides the server: the tokenizer, the response budget, the rollout config's
-    multi_turn section, the tools by name."""
+    multi_turn section, the tools and the interactions by name."""
     tokenizer: Any
     max_prompt_length: int
     max_response_length: int
     multi_turn: Any  # rlx.config.agent.MultiTurnConfig
     tools: dict = field(default_factory=dict)
+    interactions: dict = field(default_factory=dict)
+    """Interaction agents by name (multi_turn.interaction_config_path; rlx.workers.rollout.agent.interactions)."""
 
 
 AGENT_LOOPS: dict[str, Callable[..., AgentLoop]] = {}

@@ -18,11 +18,13 @@ import importlib
 import logging
 import os
 
+import numpy as np
 import torch
 
 from rlx.protocol import Batch
 from rlx.workers.rollout.agent import single_turn, tool_agent  # noqa: F401  (registers the built-in loops)
 from rlx.workers.rollout.agent.loop import AGENT_LOOPS, AgentLoop, AgentOutput, LoopContext
+from rlx.workers.rollout.agent.interactions import load_interactions
 from rlx.workers.rollout.agent.tools import load_tools
 
 logger = logging.getLogger("rlx")
@@ -67,7 +69,8 @@ class AgentRollout:
         if self.default not in self.loops:
             raise ValueError(f"actor_rollout_ref.rollout.agent.default_agent_loop={self.default!r} is not an agent "
                              f"loop; choose one of {sorted(self.loops)} (or register it in agent_loop_config_path)")
-        self.ctx = LoopContext(tokenizer, self.P, self.R, mt, load_tools(mt.tool_config_path, mt.function_tool_path))
+        self.ctx = LoopContext(tokenizer, self.P, self.R, mt, load_tools(mt.tool_config_path, mt.function_tool_path),
+                               load_interactions(mt.interaction_config_path))
         self._instances: dict[str, AgentLoop] = {}
 
     def loop(self, name: str) -> AgentLoop:
@@ -100,6 +103,10 @@ class AgentRollout:
                                                         sample_index=i * n + j)))
         outputs = asyncio.run(self._run(self.server(meta), jobs))
         out = self.assemble(outputs)
+        if any(o.extra for o in outputs):  # verl's extra fields: the reward function reads them in extra_info
+            extra = np.empty(len(outputs), dtype=object)
+            extra[:] = [o.extra for o in outputs]
+            out.non_tensors["agent_extra"] = extra
         out.meta["agent_metrics"] = agent_metrics(outputs)
         return out
 
@@ -149,4 +156,7 @@ def agent_metrics(outputs: list[AgentOutput]) -> dict[str, float]:
         values = [float(o.metrics.get(key, 0.0)) for o in outputs]
         out[f"agent/{key}/mean"] = sum(values) / n
     out["agent/tool_wait_s/max"] = max(float(o.metrics.get("tool_wait_s", 0.0)) for o in outputs)
+    for key in ("interaction_turns", "interaction_score", "interaction_tokens"):
+        if any(key in o.metrics for o in outputs):
+            out[f"agent/{key}/mean"] = sum(float(o.metrics.get(key, 0.0)) for o in outputs) / n
     return out
