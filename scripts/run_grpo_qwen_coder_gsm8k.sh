@@ -14,8 +14,9 @@
 #   LORA=1 ...          LoRA (rank 32, alpha 32, all linear layers) instead of full fine-tuning, lr 3e-5
 #   STEPS=60 ...        training steps (default 60)
 #
-# Resume: run the same command again. A checkpoint is saved every 5 steps in $RUN_DIR and trainer.resume_mode=auto
-# picks up the last whole one, so a run cut short (a time limit, SIGTERM) goes on from there.
+# Resume: run the same command again. A checkpoint is saved every 5 steps in $RUN_DIR (the last 2 kept: one is
+# ~10 GB) and trainer.resume_mode=auto picks up the last whole one, so a run cut short (a time limit, SIGTERM) goes on
+# from there.
 # Reward: verl's GSM8K rule (strict: the number after "#### "), format_score 0 as in verl. Validation is greedy over
 # the whole test set every 5 steps; $RUN_DIR/val keeps every sample (scripts/val_summary.py reads it).
 set -xeuo pipefail
@@ -86,6 +87,7 @@ RUN_DIR="${RUN_DIR:-checkpoints/qwen_coder_gsm8k/$NAME}"
     trainer.val_before_train=True \
     trainer.resume_mode=auto \
     trainer.save_freq=5 \
+    trainer.max_actor_ckpt_to_keep=2 \
     trainer.test_freq=5 \
     trainer.total_epochs=15 \
     trainer.total_training_steps="${STEPS:-60}" \
