@@ -71,24 +71,3 @@ def test_preflight_refuses_a_disk_without_room_for_two_checkpoints(monkeypatch, 
     _check_disk_space(load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.save_freq=-1"]), plan,
                       problems)
     assert problems == []  # nothing saved, nothing needed
-
-
-class _Stub:
-    """What `RayPPOTrainer.save_checkpoint` uses of the trainer, the actor's save raising as a worker's write does
-    on a full disk (a Ray task error whose cause is the OSError)."""
-
-    def __init__(self, cfg, plan, error):
-        from types import SimpleNamespace
-
-        self.cfg, self.plan, self.global_step, self.critic = cfg, plan, 7, None
-
-        def save(path):
-            import ray
-
-            raise ray.exceptions.RayTaskError("save_checkpoint", "Traceback ...", error)
-        self.actor = SimpleNamespace(save=save)
-        from rlx.trainer.ppo_trainer import RayPPOTrainer
-
-        self._checkpointed = RayPPOTrainer._checkpointed.__get__(self)
-        self.loader_state = lambda: {}
-        self.kl_ctrl = SimpleNamespace(value=0.0)
