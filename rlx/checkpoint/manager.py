@@ -4,9 +4,9 @@ the first.
 A save writes every part first (each worker group saves its engines under the step's folder of its name), then the
 driver's state, then the COMPLETE manifest, then the latest pointer, and only then rotates old steps away: a crash
 at any point never leaves a pointer to a partial checkpoint nor removes the last complete one. A save that the disk
-refuses (full, read-only, another OSError) removes its partial folder and raises one `CheckpointSaveError`. The step to resume
-from is chosen and verified before any worker starts (`store.find_resume_dir`, `store.check_resume_files`, run by
-the preflight); `resume` loads it.
+refuses (full, read-only, another OSError) removes its partial folder and raises one `CheckpointSaveError`. The step
+to resume from is chosen and verified before any worker starts (`store.find_resume_dir`, `store.check_resume_files`,
+run by the preflight); `resume` loads it.
 """
 from __future__ import annotations
 

@@ -127,18 +127,19 @@ def save_error(exc: BaseException, folder: str, step: int,
     again = "then run the same command again"
     full, err, free = is_disk_full(exc), os_error(exc), free_bytes(folder)
     # a failed write with less free than a checkpoint takes is a full disk too: torch's zip writer drops the errno
-    need = needed() if full or (err is None and "write" in str(exc).lower()) else 0
+    write_failed = any("write" in str(e).lower() for e in _chain(exc))
+    need = needed() if full or (err is None and write_failed) else 0
     if full or free < need:
         return DiskFullError(f"disk full {where}: it needs about {human(need)}, {human(free)} are free on that "
                              f"disk. Fix: free space there, {again} (or move trainer.default_local_dir, with its "
                              f"checkpoints, to a larger disk).")
-    if (err is not None and err.errno == errno.EROFS) or "Read-only file system" in str(exc):
+    if (err is not None and err.errno == errno.EROFS) or any("Read-only file system" in str(e) for e in _chain(exc)):
         return CheckpointSaveError(f"read-only file system {where}: nothing can be written there. Fix: make that "
                                    f"disk writable (remount it read-write), {again} (or move "
                                    f"trainer.default_local_dir, with its checkpoints, to a writable disk).")
     if err is None:
         return None
-    name = errno.errorcode.get(err.errno, f"errno {err.errno}")
+    name = errno.errorcode.get(err.errno or 0, f"errno {err.errno}")
     at = ""
     if err.filename:
         rel = os.path.relpath(os.fsdecode(err.filename), folder)

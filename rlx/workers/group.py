@@ -207,18 +207,14 @@ class WorkerGroup:
                                                                                pool.node_of_rank))))
 
     def run_all(self, method: Method, *args, **kwargs) -> list:
-        """Call `method` on every rank with the same arguments; returns the per-rank results. The first rank to
-        fail raises at once: the others may be waiting for it in a collective (a save's barrier) until its timeout."""
+        """Call `method` on every rank with the same arguments; returns the per-rank results (the first rank's
+        failure raises at once)."""
         refs = [getattr(w, _name(method)).remote(*args, **kwargs) for w in self.workers]
-        pending = refs
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            try:
-                ray.get(done)
-            except Exception:
-                _read_failures(pending)
-                raise
-        return ray.get(refs)
+        try:
+            return ray.get(refs)
+        except Exception:
+            _read_failures(refs)
+            raise
 
     def run_dp(self, method: Method, batch: Batch, replicas: int = 1, **kwargs) -> Batch:
         """Split `batch` across ranks (padding with repeated rows if needed), call, concatenate.
@@ -268,7 +264,7 @@ class WorkerGroup:
         self.pool.detach(self)
 
 
-def _read_failures(refs: list, grace_s: float = 10.0) -> None:
+def _read_failures(refs: list, grace_s: float = 5.0) -> None:
     """Read the calls of `refs` that end within `grace_s` (after another rank's failure: mostly the same failure,
     which Ray would otherwise print as an unhandled error); a rank still waiting for the failed one in a collective
     is left to the run's cleanup."""

@@ -1,8 +1,10 @@
 """End-to-end half of tests/unit/test_faults_tools_fatal.py: its tests that start Ray or other processes, or need a GPU.
 That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
+import contextlib
 import logging
 import os
+import re
 import time
 import pytest
 from rlx.workers.rollout.agent import tool_procs
@@ -83,7 +85,7 @@ def test_a_save_the_disk_refuses_is_one_error_naming_the_step_and_the_cause_and_
     """The real trainer's save (its worker groups, torch.distributed.checkpoint, the driver's files) with the disk's
     OSError raised where files are opened for writing: full (ENOSPC), read-only (EROFS), failing (EIO), in the workers
     or in the driver, on every rank or on one. Before: an AttributeError out of the trainer's own handler (a 125-line
-    chained traceback); a failure on one rank only waited for the others' barrier timeout (`nccl_timeout`)."""
+    chained traceback)."""
     import time
 
     import write_faults.sitecustomize as faults
@@ -94,7 +96,8 @@ def test_a_save_the_disk_refuses_is_one_error_naming_the_step_and_the_cause_and_
     from rlx.trainer.ppo_trainer import RayPPOTrainer
 
     root = str(tmp_path / "ckpt")
-    cfg = load_config([f"trainer.default_local_dir={root}", "trainer.save_freq=1", "actor_rollout_ref.nccl_timeout=120"])
+    cfg = load_config([f"trainer.default_local_dir={root}", "trainer.save_freq=1",
+                       "actor_rollout_ref.nccl_timeout=120"])
     trainer = RayPPOTrainer(cfg, make_plan(cfg))
     trainer.init_workers()
     d1, d2 = store.step_dir(root, 1), store.step_dir(root, 2)
@@ -141,7 +144,7 @@ def test_a_save_the_disk_refuses_is_one_error_naming_the_step_and_the_cause_and_
         assert store.list_steps(root) == [1] and store.verify(d1) == [] and store.find_resume_dir(cfg.trainer) == d1
 
         # rank 0 alone writes meta.json: rank 1 waits for it in the save's last barrier, which it never reaches
-        start = time.monotonic()
+        start = time.monotonic()  # (nccl_timeout=120 above: a driver that waited for the barrier fails here)
         msg = refused(2, os.path.join(d2, "actor", "meta.json"), "EIO", where=("workers",), ranks=[0])
         assert time.monotonic() - start < 60, "the driver waited for the barrier's timeout"
         assert msg.startswith(f"Input/output error (EIO) while saving the checkpoint of step 2 to {d2} (at "
@@ -150,6 +153,70 @@ def test_a_save_the_disk_refuses_is_one_error_naming_the_step_and_the_cause_and_
     finally:
         faults.fail_writes(None)
         trainer.shutdown()
+
+
+@contextlib.contextmanager
+def _small_disk(path, size: int):
+    """A real tmpfs of `size` bytes mounted at `path` (a folder), or None where this process may not mount one."""
+    import subprocess
+
+    os.makedirs(path)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                           capture_output=True).returncode != 0:
+        yield None
+        return
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.mark.e2e
+def test_a_full_disk_during_a_save_ends_the_command_in_one_line_and_the_same_command_resumes(tmp_path):
+    """`main_ppo` on a disk with room for one checkpoint, not two: a real tmpfs where the test may mount one (the
+    preflight's estimate passes; the real step 1 is larger), else ENOSPC raised where the run's processes open the
+    files of step 2 (tests/write_faults). Before: a 125-line chained traceback ending in an AttributeError."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, load_config
+    from rlx.checkpoint import space, store
+    from rlx.plan import make_plan
+
+    args = ["trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=-1",
+            "trainer.val_before_train=False", "trainer.logger=console"]
+    cfg = load_config(args)
+    estimate = space.estimate(cfg, make_plan(cfg)).total
+    with _small_disk(tmp_path / "disk", 2 * estimate + (64 << 10)) as disk:
+        root = str((disk or tmp_path) / "ckpt")
+        command = [sys.executable, "-m", "rlx.trainer.main_ppo", "--config-name", "quickstart", *args,
+                   f"trainer.default_local_dir={root}"]
+        d1, d2 = store.step_dir(root, 1), store.step_dir(root, 2)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests", "write_faults"), REPO]))
+        if disk is None:
+            env["RLX_TEST_WRITE_FAULT"] = f"ENOSPC:{d2}"
+        first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+        lines = first.stderr.strip().splitlines()
+        assert first.returncode == 1, first.stderr[-3000:]
+        assert "Traceback" not in first.stderr + first.stdout, first.stderr[-3000:]
+        assert [x for x in lines if x.startswith("rlx: training")] == lines[-1:], lines
+        assert re.fullmatch(
+            rf"rlx: training stopped: disk full while saving the checkpoint of step 2 to {re.escape(d2)}: it needs "
+            rf"about [0-9.]+ MB, [0-9.]+ [KMG]?B are free on that disk\. Fix: free space there, then run the same "
+            rf"command again \(or move trainer\.default_local_dir, with its checkpoints, to a larger disk\)\. The "
+            rf"last complete checkpoint, {re.escape(d1)}, is kept: the same command resumes from it "
+            rf"\(trainer\.resume_mode=auto\)\.", lines[-1]), lines[-1]
+        assert store.list_steps(root) == [1] and store.verify(d1) == [] and not os.path.exists(d2)
+
+        if disk is None:  # the disk has room again
+            del env["RLX_TEST_WRITE_FAULT"]
+        else:
+            subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+        assert again.returncode == 0, again.stderr[-3000:]
+        trained = [x.split()[0] for x in again.stdout.splitlines() if x.startswith("step:")]
+        assert trained == ["step:2"], again.stdout[-3000:]  # resumed after step 1
+        assert store.list_steps(root) == [1, 2] and store.verify(d2) == []
 
 
 @pytest.mark.e2e

@@ -1,7 +1,7 @@
 """Fault matrix (issue 39): tools that misbehave, and the faults that end a run. Each row is a test that failed
 before the change it names: sync function tools in killable worker processes (hung, runaway-printing,
-process-ending tools), one `rlx:` line for a dead worker, a full disk, and a preflight that refuses a disk too small
-for two checkpoints."""
+process-ending tools), one `rlx:` line for a dead worker and for a save the disk refuses, and a preflight that refuses
+a disk too small for two checkpoints."""
 from __future__ import annotations
 
 import asyncio
@@ -71,3 +71,36 @@ def test_preflight_refuses_a_disk_without_room_for_two_checkpoints(monkeypatch, 
     _check_disk_space(load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.save_freq=-1"]), plan,
                       problems)
     assert problems == []  # nothing saved, nothing needed
+
+
+def test_a_failed_save_is_read_from_the_oserror_behind_it(tmp_path):
+    """A chain as a worker's failure reaches the driver: an error caused by torch.distributed.checkpoint's per-rank
+    failures around the OSError (the e2e test has Ray's own). Only an OSError (or torch's zip writer's words for a
+    full disk) is the disk's fault; anything else is a bug and keeps its traceback (None)."""
+    import errno
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from rlx.checkpoint.space import DiskFullError, save_error
+
+    d = str(tmp_path / "global_step_3")
+
+    def from_worker(err):
+        outer = RuntimeError("save_checkpoint failed")
+        outer.__cause__ = CheckpointException("save", {0: (err, None)})
+        return outer
+
+    def line(err, needed=lambda: 10 ** 6):
+        e = save_error(from_worker(err), d, 3, needed)
+        return e and str(e)
+
+    full = save_error(from_worker(OSError(errno.ENOSPC, "No space left on device")), d, 3, lambda: 10 ** 6)
+    assert isinstance(full, DiskFullError) and str(full).startswith(
+        f"disk full while saving the checkpoint of step 3 to {d}: it needs about 1.0 MB, ")
+    assert line(OSError(errno.EROFS, "Read-only file system")).startswith(
+        f"read-only file system while saving the checkpoint of step 3 to {d}: nothing can be written there. Fix: ")
+    assert line(OSError(errno.EIO, "Input/output error", f"{d}/actor/model/__1_0.distcp")).startswith(
+        f"Input/output error (EIO) while saving the checkpoint of step 3 to {d} (at actor/model/__1_0.distcp). Fix: ")
+    zip_writer = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0: file write failed")
+    assert line(zip_writer, lambda: 10 ** 18).startswith("disk full while saving")  # more than is free
+    assert line(zip_writer) is None and line(ValueError("a bug")) is None

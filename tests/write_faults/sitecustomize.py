@@ -1,7 +1,8 @@
 """Writes that fail as a full, read-only or broken disk fails them: `fail_writes(path, "ENOSPC")` makes every later
 open for writing of a file whose path starts with `path` (a folder: every file under it) raise that OSError in this
-process (`fail_writes(None)` undoes it). Python's `open` is where every checkpoint file of rlx is created (torch.distributed.checkpoint's shards, the
-`atomic_write` of the rest), so the save under test runs unchanged above it.
+process (`fail_writes(None)` undoes it). Python's `open` is where every checkpoint file of rlx is created
+(torch.distributed.checkpoint's shards, the `atomic_write` of the rest), so the save under test runs unchanged above
+it.
 
 A subprocess run (the command and its Ray workers) gets it with this folder first on `PYTHONPATH` and
 `RLX_TEST_WRITE_FAULT=<errno name>:<path>` in its environment: Python imports `sitecustomize` at every start."""
