@@ -12,3 +12,8 @@ class DamagedCheckpointError(ValueError):
 
 class CheckpointDirLocked(ValueError):
     """Another run holds the checkpoint folder (exit 2: nothing was started)."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that the disk refused (full, read-only, another OSError): the message names the step, the folder, the
+    cause and the fix, and is the run's last line (with the last complete checkpoint, which stays whole)."""

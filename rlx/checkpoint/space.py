@@ -1,5 +1,6 @@
-"""Disk space of checkpoints: how large one save of this job is (`estimate`), and the one line a save that ran out of
-space ends with (`DiskFullError`, from `disk_full`).
+"""Disk space of checkpoints: how large one save of this job is (`estimate`), and the one line a save that the disk
+refused ends with (`save_error`: `DiskFullError` for a full disk, `CheckpointSaveError` for a read-only disk or
+another OSError).
 
 The estimate counts what `save_engine` writes per role, from the model built on the meta device (no weights read):
 `model` (the parameters in the master dtype, `fsdp_config.model_dtype`; with LoRA only the adapters, fp32),
@@ -11,7 +12,10 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from rlx.checkpoint.errors import CheckpointSaveError
 
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -81,35 +85,65 @@ def free_bytes(path: str) -> int:
     return shutil.disk_usage(nearest_existing(path)).free
 
 
-class DiskFullError(RuntimeError):
-    """A save that ran out of disk space; the message is the run's last line (with the checkpoint note)."""
+class DiskFullError(CheckpointSaveError):
+    """A save that ran out of disk space (`ENOSPC`, `EDQUOT`)."""
+
+
+def _chain(exc: BaseException):
+    """`exc` and every error behind it: its causes and contexts, a Ray task error's `cause` (a worker's error), and
+    each rank's error of a torch.distributed.checkpoint `CheckpointException` (`failures`: rank -> (error, trace))."""
+    seen: set[int] = set()
+    todo: list = [exc]
+    while todo:
+        e = todo.pop(0)
+        if isinstance(e, tuple):  # a CheckpointException's (error, trace)
+            e = e[0] if e else None
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        failures = getattr(e, "failures", None)
+        todo += [getattr(e, "cause", None), e.__cause__, e.__context__,
+                 *(failures.values() if isinstance(failures, dict) else ())]
+
+
+def os_error(exc: BaseException) -> OSError | None:
+    """The first OSError with an errno behind `exc` (a Ray task error's own OSError face has none)."""
+    return next((e for e in _chain(exc) if isinstance(e, OSError) and e.errno is not None), None)
 
 
 def is_disk_full(exc: BaseException) -> bool:
     """Whether `exc` (a worker's error as Ray hands it back included) comes from a full disk: an OSError ENOSPC or
-    EDQUOT anywhere in its chain of causes, or torch's zip writer's message for it (which drops the errno)."""
-    seen = set()
-    todo = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        text = str(e)
-        if "No space left on device" in text or "Disk quota exceeded" in text:
-            return True
-        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
-    return False
+    EDQUOT anywhere behind it, or torch's zip writer's message for it (which drops the errno)."""
+    return any((isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
+               or "No space left on device" in str(e) or "Disk quota exceeded" in str(e) for e in _chain(exc))
 
 
-def disk_full(exc: BaseException, folder: str, needed: int, what: str) -> DiskFullError | None:
-    """The `DiskFullError` for a save of `what` into `folder` that failed with `exc`, or None when `exc` is not a full
-    disk (nor a failed write with no space left: less free than `needed`)."""
-    free = free_bytes(folder)
-    if not (is_disk_full(exc) or ("write" in str(exc).lower() and free < needed)):
+def save_error(exc: BaseException, folder: str, step: int,
+               needed: Callable[[], int]) -> CheckpointSaveError | None:
+    """The one-line error of the save of `step` into `folder` that failed with `exc`, or None when `exc` is no disk
+    fault (a bug: its own traceback says more). `needed()`: the bytes a checkpoint takes, for a full disk."""
+    where = f"while saving the checkpoint of step {step} to {folder}"
+    again = "then run the same command again"
+    full, err, free = is_disk_full(exc), os_error(exc), free_bytes(folder)
+    # a failed write with less free than a checkpoint takes is a full disk too: torch's zip writer drops the errno
+    write_failed = any("write" in str(e).lower() for e in _chain(exc))
+    need = needed() if full or (err is None and write_failed) else 0
+    if full or free < need:
+        return DiskFullError(f"disk full {where}: it needs about {human(need)}, {human(free)} are free on that "
+                             f"disk. Fix: free space there, {again} (or move trainer.default_local_dir, with its "
+                             f"checkpoints, to a larger disk).")
+    if (err is not None and err.errno == errno.EROFS) or any("Read-only file system" in str(e) for e in _chain(exc)):
+        return CheckpointSaveError(f"read-only file system {where}: nothing can be written there. Fix: make that "
+                                   f"disk writable (remount it read-write), {again} (or move "
+                                   f"trainer.default_local_dir, with its checkpoints, to a writable disk).")
+    if err is None:
         return None
-    return DiskFullError(f"disk full while saving {what} to {folder}: it needs about {human(needed)}, "
-                         f"{human(free)} are free on that disk. Fix: free space there or set "
-                         f"trainer.default_local_dir to a larger disk, then run the same command again.")
+    name = errno.errorcode.get(err.errno or 0, f"errno {err.errno}")
+    at = ""
+    if err.filename:
+        rel = os.path.relpath(os.fsdecode(err.filename), folder)
+        at = f" (at {rel if not rel.startswith('..') else os.fsdecode(err.filename)})"
+    return CheckpointSaveError(f"{err.strerror or err} ({name}) {where}{at}. Fix: check that disk (its mount, "
+                               f"permissions and the system log: dmesg), {again} (or move trainer.default_local_dir, "
+                               f"with its checkpoints, to another disk).")

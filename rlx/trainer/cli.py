@@ -290,8 +290,7 @@ class _Job:
         except ValueError as e:
             print(f"rlx: config error\n{e}{_base_config_hint(args)}", file=sys.stderr)
             return 2
-        from rlx.checkpoint.errors import CheckpointDirLocked, DamagedCheckpointError
-        from rlx.checkpoint.space import DiskFullError
+        from rlx.checkpoint.errors import CheckpointDirLocked, CheckpointSaveError, DamagedCheckpointError
         from rlx.trainer.launch import WorkerDied, last_checkpoint_note, run
         from rlx.trainer.stopping import TrainingStopped
 
@@ -327,7 +326,7 @@ class _Job:
             at = f" at step {e.step}" if e.step is not None else ""
             print(f"rlx: training stopped{at}: {e}. {last_checkpoint_note(cfg)}", file=sys.stderr, flush=True)
             return 1
-        except DiskFullError as e:
+        except CheckpointSaveError as e:  # full, read-only, another OSError: the steps before are whole
             print(f"rlx: training stopped: {e} {last_checkpoint_note(cfg)}", file=sys.stderr, flush=True)
             return 1
         return 0

@@ -167,7 +167,7 @@ def last_checkpoint_note(cfg: RLXConfig) -> str:
     root = os.path.abspath(cfg.trainer.default_local_dir)
     steps = list_steps(root)
     if not steps:
-        return "No checkpoint was saved (trainer.save_freq)."
+        return "No checkpoint was saved (trainer.save_freq): the same command starts again from the first step."
     return (f"The last complete checkpoint, {step_dir(root, steps[-1])}, is kept: the same command resumes "
             f"from it (trainer.resume_mode=auto).")
 

@@ -420,41 +420,24 @@ class RayPPOTrainer:
         return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
 
     def save_checkpoint(self) -> None:
+        """Save this step (`CheckpointSaveError` when the disk refuses it: full, read-only, another OSError)."""
         from rlx.checkpoint.manager import CheckpointManager
 
-        from rlx.checkpoint.store import step_dir
+        CheckpointManager(self.cfg.trainer, self._checkpoint_estimate).save(
+            self.global_step, self._checkpointed(),
+            {"global_step": self.global_step, "dataloader": self.loader_state(), "kl_ctrl_value": self.kl_ctrl.value})
+
+    def _checkpoint_estimate(self) -> int:
+        from rlx.checkpoint import space
 
         try:
-            CheckpointManager(self.cfg.trainer).save(
-                self.global_step, self._checkpointed(),
-                {"global_step": self.global_step, "dataloader": self.loader_state(),
-                 "kl_ctrl_value": self.kl_ctrl.value})
-        except Exception as e:
-            full = self._disk_full(e, step_dir(self._ckpt_root(), self.global_step))
-            if full is None:
-                raise
-            raise full from e
+            return space.estimate(self.cfg, self.plan).total
+        except Exception:  # noqa: BLE001 - the line names the free space either way
+            return 0
 
     def loader_state(self) -> dict:
         """The data loader's position after the last trained batch (saved with a checkpoint)."""
         return self.train_loader.state_dict()
-
-    def _disk_full(self, e: BaseException, d: str):
-        """The `DiskFullError` of a save into `d` that failed with `e`, or None (another failure). Needed: the
-        last complete checkpoint's size on disk, else the preflight's estimate."""
-        from rlx import checkpoint as ckpt
-        from rlx.checkpoint import space
-
-        steps = ckpt.list_steps(self._ckpt_root())
-        if steps:
-            previous = ckpt.step_dir(self._ckpt_root(), steps[-1])
-            needed = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(previous) for f in fs)
-        else:
-            try:
-                needed = space.estimate(self.cfg, self.plan).total
-            except Exception:  # noqa: BLE001 - the line names the free space either way
-                needed = 0
-        return space.disk_full(e, d, needed, f"the checkpoint of step {self.global_step}")
 
     def resume(self) -> None:
         """From `resume_dir`, chosen and verified against its checksums by the preflight (None: a fresh start)."""

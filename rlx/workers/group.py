@@ -207,8 +207,14 @@ class WorkerGroup:
                                                                                pool.node_of_rank))))
 
     def run_all(self, method: Method, *args, **kwargs) -> list:
-        """Call `method` on every rank with the same arguments; returns the per-rank results."""
-        return ray.get([getattr(w, _name(method)).remote(*args, **kwargs) for w in self.workers])
+        """Call `method` on every rank with the same arguments; returns the per-rank results (the first rank's
+        failure raises at once)."""
+        refs = [getattr(w, _name(method)).remote(*args, **kwargs) for w in self.workers]
+        try:
+            return ray.get(refs)
+        except Exception:
+            _read_failures(refs)
+            raise
 
     def run_dp(self, method: Method, batch: Batch, replicas: int = 1, **kwargs) -> Batch:
         """Split `batch` across ranks (padding with repeated rows if needed), call, concatenate.
@@ -256,6 +262,18 @@ class WorkerGroup:
             ray.kill(w)
         self.workers = []
         self.pool.detach(self)
+
+
+def _read_failures(refs: list, grace_s: float = 5.0) -> None:
+    """Read the calls of `refs` that end within `grace_s` (after another rank's failure: mostly the same failure,
+    which Ray would otherwise print as an unhandled error); a rank still waiting for the failed one in a collective
+    is left to the run's cleanup."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001 - the first rank's failure is the one raised
+            pass
 
 
 def _name(method: Method) -> str:

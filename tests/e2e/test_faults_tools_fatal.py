@@ -1,13 +1,15 @@
 """End-to-end half of tests/unit/test_faults_tools_fatal.py: its tests that start Ray or other processes, or need a GPU.
 That file's docstring says what is tested; its helpers and fixtures are imported from it."""
 from __future__ import annotations
+import contextlib
 import logging
 import os
+import re
 import time
 import pytest
 from rlx.workers.rollout.agent import tool_procs
 from rlx.workers.rollout.agent.tools import call_tool
-from unit.test_faults_tools_fatal import _Stub, alive, by_name, run
+from unit.test_faults_tools_fatal import alive, by_name, run
 from unit.test_faults_tools_fatal import tools  # noqa: F401 -- fixtures
 
 
@@ -67,44 +69,154 @@ def test_tool_that_ends_its_process_is_named_and_its_trajectory_gets_an_error_re
     assert not ok.error and int(ok.text) != os.getpid()
 
 
-def test_disk_full_during_a_save_is_one_line_with_the_folder_and_the_bytes(tmp_path, monkeypatch, capsys):
-    """Before: line 83 of a 107-line traceback; the last line a torch zip-writer internal."""
-    import errno
+def _in_workers(trainer, path, name, ranks=None):
+    """`fail_writes(path, name)` in the actor's worker processes (every rank, or `ranks`): below their real save."""
+    import ray
+    import write_faults.sitecustomize as faults
 
+    ray.cloudpickle.register_pickle_by_value(faults)  # the workers cannot import tests/
+    workers = trainer.actor.workers if ranks is None else [trainer.actor.workers[r] for r in ranks]
+    ray.get([w.__ray_call__.remote(lambda _, p, n: faults.fail_writes(p, n), path, name) for w in workers])
+
+
+@pytest.mark.e2e
+def test_a_save_the_disk_refuses_is_one_error_naming_the_step_and_the_cause_and_the_steps_before_stay_whole(
+        ray_local, tmp_path):
+    """The real trainer's save (its worker groups, torch.distributed.checkpoint, the driver's files) with the disk's
+    OSError raised where files are opened for writing: full (ENOSPC), read-only (EROFS), failing (EIO), in the workers
+    or in the driver, on every rank or on one. Before: an AttributeError out of the trainer's own handler (a 125-line
+    chained traceback)."""
+    import time
+
+    import write_faults.sitecustomize as faults
     from conftest import load_config
-    from rlx import checkpoint as ckpt
-    from rlx.checkpoint.space import DiskFullError
+    from rlx.checkpoint import space, store
+    from rlx.checkpoint.errors import CheckpointSaveError
     from rlx.plan import make_plan
-    from rlx.trainer import cli, launch, preflight
     from rlx.trainer.ppo_trainer import RayPPOTrainer
 
-    root = tmp_path / "ckpt"
-    cfg = load_config([f"trainer.default_local_dir={root}", "trainer.save_freq=1"])
-    stub = _Stub(cfg, make_plan(cfg), OSError(errno.ENOSPC, "No space left on device"))
-    stub._ckpt_root = lambda: str(root)
-    stub._disk_full = RayPPOTrainer._disk_full.__get__(stub)
-    with pytest.raises(DiskFullError) as e:
-        RayPPOTrainer.save_checkpoint(stub)
-    msg = str(e.value)
-    assert msg.startswith(f"disk full while saving the checkpoint of step 7 to {ckpt.step_dir(str(root), 7)}: "
-                          f"it needs about ") and " are free on that disk. Fix: " in msg, msg
-    assert ckpt.list_steps(str(root)) == []  # nothing marked complete
-    other = _Stub(cfg, make_plan(cfg), ValueError("not a disk"))
-    other._ckpt_root, other._disk_full = stub._ckpt_root, RayPPOTrainer._disk_full.__get__(other)
-    with pytest.raises(Exception) as e:
-        RayPPOTrainer.save_checkpoint(other)
-    assert not isinstance(e.value, DiskFullError)  # other failures are not called a full disk
+    root = str(tmp_path / "ckpt")
+    cfg = load_config([f"trainer.default_local_dir={root}", "trainer.save_freq=1",
+                       "actor_rollout_ref.nccl_timeout=120"])
+    trainer = RayPPOTrainer(cfg, make_plan(cfg))
+    trainer.init_workers()
+    d1, d2 = store.step_dir(root, 1), store.step_dir(root, 2)
 
-    # the command's end: exit 1, the line last, with the checkpoint note
-    monkeypatch.setattr(preflight, "preflight", lambda cfg, plan=None: None)
+    def refused(step, path, name, where=("workers", "driver"), ranks=None) -> str:
+        trainer.global_step = step
+        if "workers" in where:
+            _in_workers(trainer, path, name, ranks)
+        if "driver" in where:
+            faults.fail_writes(path, name)
+        try:
+            with pytest.raises(CheckpointSaveError) as e:
+                trainer.save_checkpoint()
+        finally:
+            faults.fail_writes(None)
+            if "workers" in where:
+                _in_workers(trainer, None, name, ranks)
+        assert not os.path.exists(store.step_dir(root, step))  # the partial step is gone
+        return str(e.value)
 
-    def run(cfg, plan, inputs):
-        raise DiskFullError(msg)
-    monkeypatch.setattr(launch, "run", run)
-    code = cli.main(["--config-name", "quickstart", f"trainer.default_local_dir={root}", "trainer.save_freq=1",
-                     "trainer.logger=console"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and err[-1] == f"rlx: training stopped: {msg} No checkpoint was saved (trainer.save_freq).", err
+    try:
+        estimate = space.estimate(cfg, trainer.plan).total
+        msg = refused(1, root, "ENOSPC")
+        assert msg.startswith(f"disk full while saving the checkpoint of step 1 to {d1}: it needs about "
+                              f"{space.human(estimate)}, ") and " are free on that disk. Fix: free space there" in msg
+        assert store.list_steps(root) == []
+
+        trainer.global_step = 1
+        trainer.save_checkpoint()  # the disk works again
+        assert store.list_steps(root) == [1] and store.verify(d1) == []
+        size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(d1) for f in fs)
+
+        msg = refused(2, d2, "ENOSPC", where=("workers",))
+        assert msg.startswith(f"disk full while saving the checkpoint of step 2 to {d2}: it needs about "
+                              f"{space.human(size)}, "), msg
+        msg = refused(2, root, "EROFS")
+        assert msg == (f"read-only file system while saving the checkpoint of step 2 to {d2}: nothing can be "
+                       f"written there. Fix: make that disk writable (remount it read-write), then run the same "
+                       f"command again (or move trainer.default_local_dir, with its checkpoints, to a writable "
+                       f"disk)."), msg
+        msg = refused(2, os.path.join(d2, "driver_state.json"), "EIO", where=("driver",))
+        assert msg.startswith(f"Input/output error (EIO) while saving the checkpoint of step 2 to {d2} (at "
+                              f"driver_state.json.tmp.{os.getpid()}). Fix: check that disk"), msg
+        assert store.list_steps(root) == [1] and store.verify(d1) == [] and store.find_resume_dir(cfg.trainer) == d1
+
+        # rank 0 alone writes meta.json: rank 1 waits for it in the save's last barrier, which it never reaches
+        start = time.monotonic()  # (nccl_timeout=120 above: a driver that waited for the barrier fails here)
+        msg = refused(2, os.path.join(d2, "actor", "meta.json"), "EIO", where=("workers",), ranks=[0])
+        assert time.monotonic() - start < 60, "the driver waited for the barrier's timeout"
+        assert msg.startswith(f"Input/output error (EIO) while saving the checkpoint of step 2 to {d2} (at "
+                              f"actor/meta.json.tmp."), msg
+        assert store.list_steps(root) == [1] and store.verify(d1) == []
+    finally:
+        faults.fail_writes(None)
+        trainer.shutdown()
+
+
+@contextlib.contextmanager
+def _small_disk(path, size: int):
+    """A real tmpfs of `size` bytes mounted at `path` (a folder), or None where this process may not mount one."""
+    import subprocess
+
+    os.makedirs(path)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                           capture_output=True).returncode != 0:
+        yield None
+        return
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.mark.e2e
+def test_a_full_disk_during_a_save_ends_the_command_in_one_line_and_the_same_command_resumes(tmp_path):
+    """`main_ppo` on a disk with room for one checkpoint, not two: a real tmpfs where the test may mount one (the
+    preflight's estimate passes; the real step 1 is larger), else ENOSPC raised where the run's processes open the
+    files of step 2 (tests/write_faults). Before: a 125-line chained traceback ending in an AttributeError."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, load_config
+    from rlx.checkpoint import space, store
+    from rlx.plan import make_plan
+
+    args = ["trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=-1",
+            "trainer.val_before_train=False", "trainer.logger=console"]
+    cfg = load_config(args)
+    estimate = space.estimate(cfg, make_plan(cfg)).total
+    with _small_disk(tmp_path / "disk", 2 * estimate + (64 << 10)) as disk:
+        root = str((disk or tmp_path) / "ckpt")
+        command = [sys.executable, "-m", "rlx.trainer.main_ppo", "--config-name", "quickstart", *args,
+                   f"trainer.default_local_dir={root}"]
+        d1, d2 = store.step_dir(root, 1), store.step_dir(root, 2)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests", "write_faults"), REPO]))
+        if disk is None:
+            env["RLX_TEST_WRITE_FAULT"] = f"ENOSPC:{d2}"
+        first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+        lines = first.stderr.strip().splitlines()
+        assert first.returncode == 1, first.stderr[-3000:]
+        assert "Traceback" not in first.stderr + first.stdout, first.stderr[-3000:]
+        assert [x for x in lines if x.startswith("rlx: training")] == lines[-1:], lines
+        assert re.fullmatch(
+            rf"rlx: training stopped: disk full while saving the checkpoint of step 2 to {re.escape(d2)}: it needs "
+            rf"about [0-9.]+ MB, [0-9.]+ [KMG]?B are free on that disk\. Fix: free space there, then run the same "
+            rf"command again \(or move trainer\.default_local_dir, with its checkpoints, to a larger disk\)\. The "
+            rf"last complete checkpoint, {re.escape(d1)}, is kept: the same command resumes from it "
+            rf"\(trainer\.resume_mode=auto\)\.", lines[-1]), lines[-1]
+        assert store.list_steps(root) == [1] and store.verify(d1) == [] and not os.path.exists(d2)
+
+        if disk is None:  # the disk has room again
+            del env["RLX_TEST_WRITE_FAULT"]
+        else:
+            subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+        assert again.returncode == 0, again.stderr[-3000:]
+        trained = [x.split()[0] for x in again.stdout.splitlines() if x.startswith("step:")]
+        assert trained == ["step:2"], again.stdout[-3000:]  # resumed after step 1
+        assert store.list_steps(root) == [1, 2] and store.verify(d2) == []
 
 
 @pytest.mark.e2e

@@ -1,7 +1,7 @@
 """Fault matrix (issue 39): tools that misbehave, and the faults that end a run. Each row is a test that failed
 before the change it names: sync function tools in killable worker processes (hung, runaway-printing,
-process-ending tools), one `rlx:` line for a dead worker, a full disk, and a preflight that refuses a disk too small
-for two checkpoints."""
+process-ending tools), one `rlx:` line for a dead worker and for a save the disk refuses, and a preflight that refuses
+a disk too small for two checkpoints."""
 from __future__ import annotations
 
 import asyncio
@@ -73,22 +73,34 @@ def test_preflight_refuses_a_disk_without_room_for_two_checkpoints(monkeypatch, 
     assert problems == []  # nothing saved, nothing needed
 
 
-class _Stub:
-    """What `RayPPOTrainer.save_checkpoint` uses of the trainer, the actor's save raising as a worker's write does
-    on a full disk (a Ray task error whose cause is the OSError)."""
+def test_a_failed_save_is_read_from_the_oserror_behind_it(tmp_path):
+    """A chain as a worker's failure reaches the driver: an error caused by torch.distributed.checkpoint's per-rank
+    failures around the OSError (the e2e test has Ray's own). Only an OSError (or torch's zip writer's words for a
+    full disk) is the disk's fault; anything else is a bug and keeps its traceback (None)."""
+    import errno
 
-    def __init__(self, cfg, plan, error):
-        from types import SimpleNamespace
+    from torch.distributed.checkpoint.api import CheckpointException
 
-        self.cfg, self.plan, self.global_step, self.critic = cfg, plan, 7, None
+    from rlx.checkpoint.space import DiskFullError, save_error
 
-        def save(path):
-            import ray
+    d = str(tmp_path / "global_step_3")
 
-            raise ray.exceptions.RayTaskError("save_checkpoint", "Traceback ...", error)
-        self.actor = SimpleNamespace(save=save)
-        from rlx.trainer.ppo_trainer import RayPPOTrainer
+    def from_worker(err):
+        outer = RuntimeError("save_checkpoint failed")
+        outer.__cause__ = CheckpointException("save", {0: (err, None)})
+        return outer
 
-        self._checkpointed = RayPPOTrainer._checkpointed.__get__(self)
-        self.loader_state = lambda: {}
-        self.kl_ctrl = SimpleNamespace(value=0.0)
+    def line(err, needed=lambda: 10 ** 6):
+        e = save_error(from_worker(err), d, 3, needed)
+        return e and str(e)
+
+    full = save_error(from_worker(OSError(errno.ENOSPC, "No space left on device")), d, 3, lambda: 10 ** 6)
+    assert isinstance(full, DiskFullError) and str(full).startswith(
+        f"disk full while saving the checkpoint of step 3 to {d}: it needs about 1.0 MB, ")
+    assert line(OSError(errno.EROFS, "Read-only file system")).startswith(
+        f"read-only file system while saving the checkpoint of step 3 to {d}: nothing can be written there. Fix: ")
+    assert line(OSError(errno.EIO, "Input/output error", f"{d}/actor/model/__1_0.distcp")).startswith(
+        f"Input/output error (EIO) while saving the checkpoint of step 3 to {d} (at actor/model/__1_0.distcp). Fix: ")
+    zip_writer = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0: file write failed")
+    assert line(zip_writer, lambda: 10 ** 18).startswith("disk full while saving")  # more than is free
+    assert line(zip_writer) is None and line(ValueError("a bug")) is None
