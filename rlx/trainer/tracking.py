@@ -13,6 +13,7 @@ import json
 import netrc
 import os
 import sys
+import time
 from urllib.parse import urlsplit
 
 from rlx.config.schema import RLXConfig
@@ -46,7 +47,7 @@ class Tracker:
             line = " | ".join(f"{k}:{v:.4g}" for k, v in sorted(shown.items()))
             print(f"step:{step} | {line} | (+{rest} more metrics)", file=sys.stdout, flush=True)
         if self.file is not None:
-            self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+            self.file.write(json.dumps({"step": step, "wall_time": time.time(), **metrics}) + "\n")
             self.file.flush()
         if self.tb is not None:
             for k, v in metrics.items():
