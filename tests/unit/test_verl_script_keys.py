@@ -125,37 +125,48 @@ def test_keys_verl_does_not_have_either_say_where_the_setting_is(override, says)
     assert msg.startswith(f"Unknown config key '{key}'") and says in msg and "Did you mean" not in msg, msg
 
 
-def test_a_reward_file_importing_verl_is_told_rlxs_functions(tmp_path):
+def test_a_reward_file_importing_a_verl_name_rlx_does_not_serve_is_told_what_it_serves(tmp_path):
+    """verl's reward helpers rlx implements are served (tests/unit/test_verl_names.py); any other verl module is
+    refused in one line naming it, what rlx serves and the fix."""
     from rlx.config.schema import CustomRewardFunctionConfig
     from rlx.reward.functions import load_reward_fn
 
     path = tmp_path / "reward_function.py"
-    path.write_text("from verl.utils.reward_score import math_reward\n\n"
+    path.write_text("from verl.utils.reward_score import prime_math\n\n"
                     "def char_count_reward_function(data_source, solution_str, ground_truth, extra_info=None):\n"
-                    "    return float(math_reward.remove_boxed(math_reward.last_boxed_only_string(solution_str))"
-                    " == ground_truth)\n")
+                    "    return float(prime_math.compute_score(solution_str, ground_truth)[0])\n")
     with pytest.raises(ValueError) as err:
         load_reward_fn(CustomRewardFunctionConfig(path=str(path), name="char_count_reward_function"))
     msg = str(err.value)
-    assert "No module named 'verl'" in msg and "imports verl" in msg, msg
-    assert "verl.utils.reward_score.math_reward.last_boxed_only_string -> rlx.reward.rules.math_boxed.last_boxed" \
-        in msg
+    assert "verl.utils.reward_score.prime_math is not one of the verl names rlx serves" in msg, msg
+    assert "math_reward: compute_score, last_boxed_only_string, remove_boxed" in msg and "Fix:" in msg, msg
     path.write_text("import numpy_does_not_exist\n")  # another missing module: no verl hint
     with pytest.raises(ValueError) as err:
         load_reward_fn(CustomRewardFunctionConfig(path=str(path), name="f"))
-    assert "imports verl" not in str(err.value)
+    assert "verl" not in str(err.value)
 
 
-def test_the_named_rlx_replacements_exist_and_act_as_verls_helpers():
+def test_the_served_verl_helpers_act_as_verls_helpers():
     import importlib
+    import sys
 
-    from rlx.reward.functions import VERL_REWARD_IMPORTS
+    from rlx import verl_names
+
+    verl_names.install()
+    names = ["verl.utils.reward_score.default_compute_score", "verl.utils.reward_score.math_dapo.normalize_final_answer"]
+    names += [f"verl.utils.reward_score.{h}.{f}" for h in ("math_reward", "math_dapo")
+              for f in ("last_boxed_only_string", "remove_boxed")]
 
     def resolve(dotted):
         module, _, attr = dotted.rpartition(".")
         return getattr(importlib.import_module(module), attr)
 
-    fns = {v: resolve(r) for v, r in VERL_REWARD_IMPORTS.items()}
+    try:
+        fns = {name: resolve(name) for name in names}
+    finally:
+        for name in [n for n in sys.modules if n == "verl" or n.startswith("verl.")]:
+            if getattr(sys.modules[name], "__rlx_serves_verl__", False):
+                del sys.modules[name]
     assert all(callable(f) for f in fns.values())
     text = "so the total is \\boxed{3} at first, then \\boxed{\\frac{1}{2}}."
     for helper in ("math_reward", "math_dapo"):
