@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rlx.config.config_path import CONFIG_DIR, locate
+from rlx.config.config_path import CONFIG_DIR as CONFIG_DIR, locate  # CONFIG_DIR: re-exported
 from rlx.config.schema import RLXConfig
 
 

@@ -7,12 +7,12 @@ here only (tests/unit/test_plan.py checks both).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from rlx.config.device import vllm_available
 
-# `cfg: RLXConfig` below names rlx.config.schema's root config in annotations only (never evaluated): this module
-# imports nothing of the schema, whose section modules import it
+if TYPE_CHECKING:  # annotations only: this module imports nothing of the schema, whose section modules import it
+    from rlx.config.schema import RLXConfig
 
 Engine = Literal["vllm", "hf"]
 VLLM: Engine = "vllm"

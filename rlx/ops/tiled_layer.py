@@ -40,7 +40,7 @@ function (one tile for a short sequence), so that it is checkpointed the same wa
 from __future__ import annotations
 
 import sys
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 import torch
 from torch import nn

@@ -243,7 +243,6 @@ class ToolAgentLoop(AgentLoop):
     def _turn_frame(self) -> tuple[list[int], list[int], Optional[int]]:
         """(ids of a rendered [user, assistant] exchange, what follows the assistant's end token there, that end
         token)."""
-        tok = self.ctx.tokenizer
         base = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
         ids = self._ids(base)
         ends = [i for i, t in enumerate(ids) if t in self._end_ids]
