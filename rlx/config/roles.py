@@ -54,6 +54,7 @@ def reward_model_pool(cfg: RLXConfig) -> tuple[int, int] | None:
     rm = cfg.reward_model
     if not (plan_roles(cfg).reward_model and rm.enable_resource_pool):
         return None
+    assert rm.nnodes is not None and rm.n_gpus_per_node is not None  # both callers run after valid_pool
     return rm.nnodes, rm.n_gpus_per_node
 
 
