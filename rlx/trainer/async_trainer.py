@@ -38,7 +38,6 @@ from rlx.trainer.stopping import TrainingStopped
 from rlx.workers.rollout_worker import VERSIONS
 
 if TYPE_CHECKING:
-    from rlx.plan import AsyncPlan
     from rlx.workers.rollout_worker import RolloutGroup
 
 log = logging.getLogger("rlx")
@@ -151,12 +150,14 @@ class Rollouter(threading.Thread):
 
     def admits(self, step: int, version: int) -> bool:
         """Batch `step` may start with weights `version`: its samples will lag at most the bound when trained."""
-        a = self.trainer.async_plan
+        a = self.trainer.plan.async_
+        assert a is not None  # an async job's plan
         return lag(step, version, a.sync_every) <= a.staleness
 
     def run(self) -> None:
         try:
-            if self.trainer.async_plan.partial_rollout:
+            assert self.trainer.plan.async_ is not None  # an async job's plan
+            if self.trainer.plan.async_.partial_rollout:
                 self.run_pipelined()
             else:
                 self.run_one_at_a_time()
@@ -250,11 +251,6 @@ class AsyncPPOTrainer(RayPPOTrainer):
         self.gate = Gate(version=-1)
         self.trained_loader_state: dict | None = None
 
-    @property
-    def async_plan(self) -> AsyncPlan:
-        assert self.plan.async_ is not None  # checked in __init__
-        return self.plan.async_
-
     # ---- setup ----------------------------------------------------------------------------------------
     def init_workers(self) -> None:
         import ray
@@ -264,11 +260,12 @@ class AsyncPPOTrainer(RayPPOTrainer):
         # the rollout's engines first: vLLM sizes its KV cache from free GPU memory
         self.rollouts = RolloutGroup(self.place(ROLLOUT_GROUP), self.cfg, self.plan)
         self.rollouts.init_model()
-        self.pump = self.rollouts.segment_pump(self.async_plan.segment, self.gate.rollout_call)
+        assert self.plan.async_ is not None  # checked in __init__
+        self.pump = self.rollouts.segment_pump(self.plan.async_.segment, self.gate.rollout_call)
         super().init_workers()  # the actor (and ref) and the critic on the trainer pool
         assert self.actor is not None
         dtype = self.cfg.actor_rollout_ref.rollout.dtype if self.plan.placement.device == "cuda" else "float32"
-        self.weights_info = self.actor.weights_info(str(dtype).replace("torch.", ""), self.async_plan.bucket_bytes)
+        self.weights_info = self.actor.weights_info(str(dtype).replace("torch.", ""), self.plan.async_.bucket_bytes)
         worlds = self.rollouts.transfer_groups  # one group per engine slot of the rollout GPUs
         host, ports = self.actor.transfer_addresses(len(worlds))
         ray.get(self.actor.open_weight_transfer(host, list(zip(ports, worlds)))
@@ -282,8 +279,8 @@ class AsyncPPOTrainer(RayPPOTrainer):
 
     # ---- the pieces the colocated loop calls ---------------------------------------------------------------
     def engine_generate(self, gen_in: Batch, validate: bool) -> Batch:
-        a = self.async_plan
-        assert self.rollouts is not None  # init_workers ran
+        a = self.plan.async_
+        assert a is not None and self.rollouts is not None  # checked in __init__; init_workers ran
         if a.partial_rollout and not validate:
             return self.pump.generate(gen_in)
         if validate:  # the trainer thread, holding the rollout paused
@@ -334,7 +331,8 @@ class AsyncPPOTrainer(RayPPOTrainer):
         return self.train_step_async(self.rollouter)
 
     def train_step_async(self, rollouter: Rollouter) -> dict:
-        a = self.async_plan
+        a = self.plan.async_
+        assert a is not None  # checked in __init__
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         busy_before = self.gate.busy_s
@@ -358,7 +356,8 @@ class AsyncPPOTrainer(RayPPOTrainer):
     def drop_stale(self, batch: Batch, metrics: dict) -> Batch:
         """The batch without the groups that hold a sample lagging more than the bound (counted in
         async/dropped_stale_samples); their staleness metrics."""
-        a = self.async_plan
+        a = self.plan.async_
+        assert a is not None  # checked in __init__
         versions, mask = batch[VERSIONS], batch["response_mask"]
         metrics.update(staleness_metrics(versions, mask, self.global_step, a.sync_every))
         stale = stale_rows(versions, mask, self.global_step, a.sync_every, a.staleness)
