@@ -193,6 +193,7 @@ class ToolAgentLoop(AgentLoop):
             raise ValueError(f"multi_turn.interaction_config_path is set, so every tool_agent row needs "
                              f"extra_info.interaction_kwargs.name naming one of {sorted(interactions)} (got "
                              f"{name!r}); verl's interaction rows carry it")
+        assert isinstance(kwargs, dict)  # the name came from it
         instance = uuid.uuid4().hex
         await interactions[name].start_interaction(instance, **kwargs)
         return interactions[name], instance, kwargs
