@@ -25,7 +25,7 @@ predicates are written in rlx.config.roles only (tests/unit/test_plan.py checks 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Literal, cast
 
 from rlx.config.agent import uses_agent_loop
 from rlx.config.async_training import uses_rollout_log_probs
@@ -203,12 +203,13 @@ def make_plan(cfg: RLXConfig, vllm_installed: Callable[[], bool] = vllm_availabl
     engine, note = resolve_engine(r.name, vllm_installed)
     disaggregated = not cfg.actor_rollout_ref.hybrid_engine
     rollout = RolloutPlan(engine=engine, tensor_parallel_size=_tp(engine, r.tensor_model_parallel_size),
-                          mode=r.mode, agent_loop=uses_agent_loop(r), note=note, disaggregated=disaggregated)
+                          mode=cast(Literal["sync", "async"], r.mode),  # validated
+                          agent_loop=uses_agent_loop(r), note=note, disaggregated=disaggregated)
     roles = plan_roles(cfg)
     judge = None
     if roles.judge:
         jr = cfg.reward_model.rollout
-        judge_engine = jr.name or engine
+        judge_engine = cast(Engine, jr.name or engine)  # validated: vllm | hf
         judge = JudgePlan(engine=judge_engine, tensor_parallel_size=_tp(judge_engine, jr.tensor_model_parallel_size))
     pools = {TRAINER_POOL: Pool(t.nnodes, t.n_gpus_per_node)}
     groups = {ACTOR_GROUP: TRAINER_POOL}
@@ -231,5 +232,5 @@ def make_plan(cfg: RLXConfig, vllm_installed: Callable[[], bool] = vllm_availabl
                                rollout_log_probs_as_old=bypass,
                                default_is_correction=(a.staleness_batches > 0 and not bypass
                                                       and cfg.algorithm.rollout_correction.rollout_is is None))
-    placement = Placement(device=t.device, pools=pools, groups=groups)
+    placement = Placement(device=cast(Literal["cuda", "cpu"], t.device), pools=pools, groups=groups)
     return JobPlan(rollout=rollout, roles=roles, judge=judge, placement=placement, async_=async_plan)

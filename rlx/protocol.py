@@ -26,8 +26,8 @@ class Batch:
     def __len__(self) -> int:
         for v in self.tensors.values():
             return v.shape[0]
-        for v in self.non_tensors.values():
-            return len(v)
+        for arr in self.non_tensors.values():
+            return len(arr)
         return 0
 
     def __getitem__(self, key: str):

@@ -75,7 +75,7 @@ def bench(hidden_size: int, tokens: int, vocab: int, backend: str, chunk: int, i
         lp, ent = head()
     out = dict(hidden=hidden_size, tokens=tokens, backend=backend, chunk=chunk, fwd_ms=fwd, step_ms=step_ms,
                peak_gib=peak, lp=lp[:4096].clone(), ent=None if ent is None else ent[:4096].clone())
-    del hidden, weight, targets, adv
+    hidden = weight = targets = adv = None  # the closures above share these names: free the tensors through them
     torch.cuda.empty_cache()
     return out
 

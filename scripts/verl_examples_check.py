@@ -321,8 +321,8 @@ def report(results: list[Result], others: collections.Counter, scripts: int) -> 
     checked = [r for r in results if r.kind == "fsdp"]
     kinds = collections.Counter(r.kind for r in results if r.kind != "fsdp")
     lines = [f"{scripts} scripts; {len(results)} `{MODULE}` commands",
-             f"  other trainers, not checked: " + (", ".join(f"{k} {n}" for k, n in kinds.most_common()) or "none"),
-             f"  other entry points, not checked: " + (", ".join(f"{k} {n}" for k, n in others.most_common())
+             "  other trainers, not checked: " + (", ".join(f"{k} {n}" for k, n in kinds.most_common()) or "none"),
+             "  other entry points, not checked: " + (", ".join(f"{k} {n}" for k, n in others.most_common())
                                                        or "none"),
              "",
              f"FSDP commands checked: {len(checked)}",

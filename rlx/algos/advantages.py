@@ -179,6 +179,7 @@ def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, ep
                                                 norm_adv_by_std_in_grpo)
         term = float(w) * _broadcast(adv[:, 0], m)
         total = term if total is None else total + term
+    assert total is not None, "no reward component (the config check refuses empty algorithm.gdpo_reward_keys)"
     adv = torch.where(m, masked_whiten(total, m), torch.zeros_like(total))
     return adv, adv
 

@@ -181,7 +181,8 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str, th
     for name, (lower, upper) in bounds.items():
         kind = name[-2:]
         k1 = kind == "k1"
-        low_b, high_b = (math.log(lower), math.log(upper)) if k1 else (None, upper)
+        low_b = math.log(lower) if lower is not None else float("-inf")  # parse_rs: a lower bound for k1 only
+        high_b = math.log(upper) if k1 else upper
         values = per_token[kind]
         if name.startswith("token"):
             stat, seq_stat = values, None

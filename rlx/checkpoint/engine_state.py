@@ -50,7 +50,9 @@ def _rng_state() -> dict:
     """The rank's RNG states as tensors and plain numbers only, so that the file loads with
     `torch.load(..., weights_only=True)` (no pickled objects, nothing that runs code when loaded)."""
     version, words, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # legacy=True (the default): numpy's 5-tuple, not its dict
+    name, keys, pos, has_gauss, cached = np_state
     state = {"python": {"version": version, "state": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
              "numpy": {"name": str(name), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                        "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},

@@ -125,8 +125,9 @@ def acquire(directory: str, wait_s: float = 2.0) -> RunLock:
     at a lock file that is being written or reclaimed."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, LOCK)
+    token = uuid.uuid4().hex
     me = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
-          "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "token": uuid.uuid4().hex}
+          "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "token": token}
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -134,7 +135,7 @@ def acquire(directory: str, wait_s: float = 2.0) -> RunLock:
         except FileExistsError:
             holder = _read(path)
             why = _gone(holder) if holder is not None else None
-            if why is not None and _reclaim(directory, path, holder):
+            if why is not None and holder is not None and _reclaim(directory, path, holder):
                 log.warning("rlx: note: reclaimed the lock of %s from a run that ended without releasing it "
                             "(%s; %s)", directory, _describe(holder), why)
                 continue
@@ -150,4 +151,4 @@ def acquire(directory: str, wait_s: float = 2.0) -> RunLock:
             json.dump(me, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
-        return RunLock(path, me["token"])
+        return RunLock(path, token)

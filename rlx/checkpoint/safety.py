@@ -182,9 +182,10 @@ class SafeFileSystemReader(FileSystemReader):
         rank = kwargs.get("rank")
         name = METADATA if rank is None else f"__{rank}{METADATA}"
         metadata = load_metadata(os.path.join(os.fspath(self.path), name))
-        if getattr(metadata, "storage_meta", None) is None:  # as FileSystemReader.read_metadata does
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:  # as FileSystemReader.read_metadata does
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
 
@@ -204,6 +205,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         self.planned: set[str] = set()
 
     def create_local_plan(self):
+        assert self.metadata is not None  # DCP calls set_up_planner(state_dict, metadata) first
         saved = self.metadata.state_dict_metadata
         missing = sorted(k for k in self.state_dict if k not in saved)
         if missing:
@@ -314,7 +316,7 @@ def _check_consumed(planner: SafeLoadPlanner, metadata: Metadata, directory: str
 
     planned = planner.planned
     if dist.is_available() and dist.is_initialized():
-        every = [None] * dist.get_world_size()
+        every: list = [None] * dist.get_world_size()
         dist.all_gather_object(every, planned)
         planned = set().union(*every)
     left = sorted(set(metadata.state_dict_metadata) - planned)
@@ -369,10 +371,10 @@ def check_dcp_dir(path: str) -> list[str]:
         dcp.load({k: None for k in byte_keys}, storage_reader=SafeFileSystemReader(path),
                  planner=SafeLoadPlanner(path, flatten_state_dict=False), no_dist=True)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - a refusal or a damaged item: not resumable
-        e = unwrap_checkpoint_error(e)
-        if isinstance(e, UnsafeCheckpointError):
-            return [str(e)]
-        return [f"{path}: a byte item does not load ({quoted(e)}); resume from an earlier global_step_N dir "
+        err = unwrap_checkpoint_error(e)
+        if isinstance(err, UnsafeCheckpointError):
+            return [str(err)]
+        return [f"{path}: a byte item does not load ({quoted(err)}); resume from an earlier global_step_N dir "
                 f"(trainer.resume_from_path)"]
     return []
 

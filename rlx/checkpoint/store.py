@@ -161,7 +161,7 @@ def find_resume_dir(trainer_cfg: TrainerConfig) -> str | None:
         for step in sorted(set(list_steps(root, complete_only=False)) - set(list_steps(root))):
             log.warning("rlx: step %d is incomplete: skipped (%s has no %s marker: its save did not finish)", step,
                         step_dir(root, step), COMPLETE)
-        damaged = []
+        damaged: list[str] = []
         for step in reversed(list_steps(root)):
             d = step_dir(root, step)
             problems = verify(d)

@@ -119,5 +119,5 @@ def check_agent(cfg, errors):
                       f"{key}.multi_turn.num_repeat_rollouts=null.")
     tools_wanted = mt.enable or agent.default_agent_loop == "tool_agent"
     if uses_agent_loop(r) and tools_wanted and not cfg.data.return_raw_chat:
-        errors.append(f"the tool_agent loop renders each row's chat itself and needs data.return_raw_chat=True "
-                      f"(got False). Fix: data.return_raw_chat=True.")
+        errors.append("the tool_agent loop renders each row's chat itself and needs data.return_raw_chat=True "
+                      "(got False). Fix: data.return_raw_chat=True.")

@@ -11,9 +11,10 @@ import importlib.util
 import os
 import shutil
 import subprocess
+from typing import TYPE_CHECKING
 
-# `cfg: RLXConfig` below names rlx.config.schema's root config in annotations only (never evaluated): this module
-# imports nothing of the schema, whose section modules import it
+if TYPE_CHECKING:  # annotations only: this module imports nothing of the schema, whose section modules import it
+    from rlx.config.schema import RLXConfig
 
 MIXED_PRECISION_DEFAULTS = {
     "cuda": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},

@@ -24,11 +24,13 @@ HEADER = """\
 def field_docs(cls) -> dict[str, str]:
     """Attribute docstrings: the string literal right under each annotated field."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    cls_def = tree.body[0]
+    assert isinstance(cls_def, ast.ClassDef)  # the source of a class
+    body = cls_def.body
     docs = {}
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) \
-                and isinstance(nxt.value.value, str):
+                and isinstance(nxt.value.value, str) and isinstance(node.target, ast.Name):
             docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from rlx.config.config_path import CONFIG_DIR, locate
+from rlx.config.config_path import CONFIG_DIR as CONFIG_DIR, locate  # CONFIG_DIR: re-exported
 from rlx.config.schema import RLXConfig
 
 
@@ -185,7 +185,7 @@ def parse_override(parser, raw: str):
 
 def _check_tree(node: DictConfig, prefix: str = "") -> None:
     for k in node.keys():
-        path = f"{prefix}{k}"
+        path = prefix + str(k)
         if not _is_known(path):
             raise unknown_key_error(path)
         if path in FREE_DICT_KEYS:
@@ -242,10 +242,12 @@ def to_typed(cfg: DictConfig, notes: list[str] | None = None) -> RLXConfig:
         notes.extend(said)
     try:
         OmegaConf.resolve(merged)
-        return OmegaConf.to_object(merged)
+        typed = OmegaConf.to_object(merged)
     except Exception as e:  # omegaconf's errors name the key; re-raise as the user error it is
         key = getattr(e, "full_key", None)
         raise ValueError(f"Invalid config value{f' for {key!r}' if key else ''}: {e}") from None
+    assert isinstance(typed, RLXConfig)  # the object of a structured config: its dataclass
+    return typed
 
 
 def merge_schema(cfg: DictConfig) -> DictConfig:
@@ -256,10 +258,12 @@ def merge_schema(cfg: DictConfig) -> DictConfig:
         if isinstance(value, str):
             OmegaConf.update(cfg, key, [value], force_add=True)
     try:
-        return OmegaConf.merge(OmegaConf.structured(RLXConfig), cfg)
+        merged = OmegaConf.merge(OmegaConf.structured(RLXConfig), cfg)
     except Exception as e:  # omegaconf's errors name the key; re-raise as the user error it is
-        key = getattr(e, "full_key", None)
-        raise ValueError(f"Invalid config value{f' for {key!r}' if key else ''}: {e}") from None
+        full_key = getattr(e, "full_key", None)
+        raise ValueError(f"Invalid config value{f' for {full_key!r}' if full_key else ''}: {e}") from None
+    assert isinstance(merged, DictConfig)  # a structured config merged with a mapping
+    return merged
 
 
 def load_config(overrides: list[str] | None = None, config_dir: str | Path | None = None,

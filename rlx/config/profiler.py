@@ -286,6 +286,9 @@ def check_profiler(cfg, errors):
                           f"{cfg.trainer.device}. Fix: leave cuda out (CPU operators are always recorded).")
         if any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in c.ranks):
             errors.append(f"{key}.ranks={c.ranks!r} must list ranks (0, 1, ...). Fix: {key}.ranks=[0].")
+        if not c.save_path and (c.tool == "torch_memory" or (c.tool == "torch" and c.enable)):
+            errors.append(f"{key}.save_path={c.save_path!r}: the profiler writes its output there. Fix: "
+                          f"{key}.save_path=<a folder>, or leave it unset (it follows global_profiler.save_path).")
         if c.tool == "torch" and c.enable and not key.startswith("critic."):
             traced[key] = c.tool_config.torch.discrete
     if len(set(traced.values())) > 1:  # one process, one torch profiler at a time

@@ -7,12 +7,12 @@ here only (tests/unit/test_plan.py checks both).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from rlx.config.device import vllm_available
 
-# `cfg: RLXConfig` below names rlx.config.schema's root config in annotations only (never evaluated): this module
-# imports nothing of the schema, whose section modules import it
+if TYPE_CHECKING:  # annotations only: this module imports nothing of the schema, whose section modules import it
+    from rlx.config.schema import RLXConfig
 
 Engine = Literal["vllm", "hf"]
 VLLM: Engine = "vllm"
@@ -54,6 +54,7 @@ def reward_model_pool(cfg: RLXConfig) -> tuple[int, int] | None:
     rm = cfg.reward_model
     if not (plan_roles(cfg).reward_model and rm.enable_resource_pool):
         return None
+    assert rm.nnodes is not None and rm.n_gpus_per_node is not None  # both callers run after valid_pool
     return rm.nnodes, rm.n_gpus_per_node
 
 

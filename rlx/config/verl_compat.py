@@ -218,8 +218,9 @@ def check_not_supported(cfg, errors):
         value, per_gpu = get_key(cfg, key), get_key(cfg, replacement)
         if value is None:
             continue
-        sp_key = DIVIDED_BY[key][0] or "(no sequence parallelism: 1)"
-        sp, ws = get_key(cfg, DIVIDED_BY[key][0]) if DIVIDED_BY[key][0] else 1, world_size(cfg)
+        sp_name = DIVIDED_BY[key][0]
+        sp_key = sp_name or "(no sequence parallelism: 1)"
+        sp, ws = get_key(cfg, sp_name) if sp_name else 1, world_size(cfg)
         dp = data_parallel_size(ws, sp)
         if dp is None:
             errors.append(f"{key}={value} (deprecated: verl's global micro-batch) is divided by world size // "

@@ -117,7 +117,7 @@ def parse_synthetic(path: str) -> tuple[str, dict]:
         raise ValueError(f"data file {path!r}: unknown synthetic task {task!r}; known: "
                          f"{[SYNTHETIC_PREFIX + t for t in TASKS]}. Fix: name one of them, e.g. "
                          f"'synthetic://digits/size:1024/seed:0'.")
-    params = dict(_PARAMS)
+    params: dict = dict(_PARAMS)
     for key, values in parse_qs(query, keep_blank_values=True).items():
         if key not in _PARAMS:
             raise ValueError(f"data file {path!r}: unknown parameter {key!r}. Fix: use only {sorted(_PARAMS)}.")

@@ -18,7 +18,6 @@ rlx's items (`RLDataset.__getitem__`'s). Images and videos (a `processor`) are r
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from rlx.config.schema import DataConfig
 from rlx.data.dataset import RLDataset, _as_list

@@ -34,7 +34,7 @@ class ActorEngine(FSDPEngine):
         if chunking and ent_chunk <= 0:
             raise ValueError(f"actor_rollout_ref.{role}.entropy_from_logits_chunk_size={ent_chunk}: must be a "
                              f"positive number of tokens (verl's default: 2048)")
-        ent_chunk = ent_chunk if chunking else None
+        entropy_chunk: Optional[int] = ent_chunk if chunking else None
         from rlx.engine.heads import fused_head_backend
 
         backend = fused_head_backend(model_cfg, device) if self.fused else "torch"  # fused_kernel_options.impl_backend
@@ -42,7 +42,7 @@ class ActorEngine(FSDPEngine):
                          optim_cfg=actor_cfg.optim if role == "actor" else None, total_steps=total_steps,
                          head_chunk_size=model_cfg.fused_kernel_options.chunk_size if self.fused else None,
                          sp_size=sp_size, sp_key=f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size",
-                         max_micro_batch_tokens=max_micro_batch_tokens, entropy_chunk_size=ent_chunk,
+                         max_micro_batch_tokens=max_micro_batch_tokens, entropy_chunk_size=entropy_chunk,
                          entropy_checkpointing=ent.entropy_checkpointing, head_backend=backend,
                          freeze_vision_tower=role == "actor" and actor_cfg.freeze_vision_tower)
 

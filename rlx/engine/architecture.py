@@ -11,14 +11,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 FIELDS = ("class", "num_hidden_layers", "hidden_size", "vocab_size", "lora")
 
 
-def describe(model: nn.Module, lora) -> dict:
+def describe(model: PreTrainedModel, lora) -> dict:
     """The record of `model` (a plain HF model, LoRA applied) with its `LoraSpec` (or None)."""
     from rlx.engine.weights import clean_param_name
 

@@ -151,7 +151,8 @@ def _packed_mask(*args, attention_mask=None, **kwargs):
 
     if attention_mask is None:
         return None
-    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+    kwargs["attention_mask"] = attention_mask
+    return sdpa_mask(*args, **kwargs)
 
 
 def register_packed_attention() -> None:

@@ -136,13 +136,17 @@ class FSDPEngine:
                              max_micro_batch_tokens, reserved / 2**30)
             log.info("[%s] %s", role, self.offloader.describe())
         self.optimizer = self.lr_scheduler = None
-        if trains:
+        if optim_cfg is not None:  # trains
             self.optimizer, self.lr_scheduler = F.build_optimizer(self.module, optim_cfg, total_steps)
         self._params_on_device = True
         if fsdp_cfg.param_offload:
             self.offload_params()
         if trains and fsdp_cfg.optimizer_offload:
-            F.move_optimizer_state(self.optimizer, torch.device("cpu"))
+            self._move_optimizer_state(torch.device("cpu"))
+
+    def _move_optimizer_state(self, device: torch.device) -> None:
+        assert self.optimizer is not None  # called for a role that trains
+        F.move_optimizer_state(self.optimizer, device)
 
     # ---- phases --------------------------------------------------------------------------------------
     def offload_params(self):
@@ -160,12 +164,12 @@ class FSDPEngine:
         """Bring offloaded params (and optimizer state) to the device for one phase, then put them back."""
         self.load_params()
         if with_optimizer and self.fsdp_cfg.optimizer_offload:
-            F.move_optimizer_state(self.optimizer, self.device)
+            self._move_optimizer_state(self.device)
         try:
             yield
         finally:
             if with_optimizer and self.fsdp_cfg.optimizer_offload:
-                F.move_optimizer_state(self.optimizer, torch.device("cpu"))
+                self._move_optimizer_state(torch.device("cpu"))
             if self.fsdp_cfg.param_offload:
                 self.offload_params()
 
@@ -181,14 +185,14 @@ class FSDPEngine:
         def ready():
             nonlocal moved
             if self.fsdp_cfg.optimizer_offload and not moved:
-                F.move_optimizer_state(self.optimizer, self.device)
+                self._move_optimizer_state(self.device)
                 moved = True
 
         try:
             yield ready
         finally:
             if moved:
-                F.move_optimizer_state(self.optimizer, torch.device("cpu"))
+                self._move_optimizer_state(torch.device("cpu"))
 
     def offload_metrics(self, phase: str) -> dict:
         """What the activation offload moved in the last micro-batch and how big its host pool is."""
@@ -210,7 +214,7 @@ class FSDPEngine:
         """The head's outputs for `mb`'s response tokens as `[rows, R]` tensors (zeros at response padding):
         `(log_probs, entropy | None)` for actor/ref (pass temperature, with_entropy), `values` for the critic."""
         ti = token_inputs(mb, self.device, self.remove_padding,
-                          sp=(self.sp_rank, self.sp) if self.sp > 1 else None)
+                          sp=(self.sp_rank, self.sp) if self.sp_rank is not None else None)  # set when sp > 1
         out = self.module(**ti.kwargs, **head_kwargs)
         if isinstance(out, tuple):
             return tuple(None if o is None else ti.scatter(o) for o in out)
@@ -256,6 +260,7 @@ class FSDPEngine:
         `loss_fn(mb, global_batch) -> (loss, shares, means)`: `shares` are loss terms scaled like `loss` (summed per
         mini-batch, which gives the mini-batch's value), `means` per-micro-batch statistics. Returns the
         metrics averaged over mini-batches / micro-batches."""
+        assert self.lr_scheduler is not None  # an update: a role that trains
         self.train_mode(True)
         metrics: dict[str, list[float]] = {}
 
@@ -300,6 +305,7 @@ class FSDPEngine:
 
     def optimizer_step(self, grad_clip: float) -> dict:
         """Clip and step; a non-finite gradient norm skips the step (`skipped_steps` counts it for the driver)."""
+        assert self.optimizer is not None  # an update: a role that trains
         grad_norm = F.clip_grad_norm(self.module, grad_clip)
         finite = bool(torch.isfinite(grad_norm))
         if finite:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 import os
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from rlx.config.schema import FSDPConfig, OptimConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -49,7 +53,7 @@ def decoder_layer_classes(model: nn.Module) -> tuple[type, ...]:
 
 def build_hf_model(path: str, role: str, dtype: torch.dtype, override_config: dict | None = None,
                    trust_remote_code: bool = False, external_lib: str | None = None,
-                   attn_implementation: str = "sdpa", meta: bool = False) -> nn.Module:
+                   attn_implementation: str = "sdpa", meta: bool = False) -> PreTrainedModel:
     """Load an HF causal LM (actor/ref) or a token-classification model with one label (critic).
 
     `meta`: build the same model on the meta device from its config alone (no weights read, no memory): its
@@ -69,7 +73,7 @@ def build_hf_model(path: str, role: str, dtype: torch.dtype, override_config: di
     config.use_cache = False
     kwargs = dict(config=config, torch_dtype=dtype, trust_remote_code=trust_remote_code,
                   attn_implementation=attn_implementation)
-    auto = AutoModelForCausalLM
+    auto: type[AutoModelForCausalLM] | type[AutoModelForTokenClassification] = AutoModelForCausalLM
     if role == "critic":
         config.num_labels = 1
         config.classifier_dropout = 0.0
@@ -108,7 +112,7 @@ def shard_mesh(fsdp_size: int, device: torch.device, key: str = "fsdp_config.fsd
     return built[1]
 
 
-def apply_gradient_checkpointing(model: nn.Module) -> None:
+def apply_gradient_checkpointing(model: PreTrainedModel) -> None:
     """HF non-reentrant checkpointing of every decoder layer (call before FSDP wrapping)."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
@@ -133,6 +137,7 @@ def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: to
     if strategy == "fsdp2":
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+        kwargs: dict[str, Any]
         kwargs = dict(mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
                       reshard_after_forward=fsdp_cfg.reshard_after_forward)
         if mesh is not None:
@@ -142,11 +147,10 @@ def apply_fsdp(model: nn.Module, strategy: str, fsdp_cfg: FSDPConfig, device: to
         elif device.type == "cuda":
             model.to(device)
         layers = [m for m in model.modules() if isinstance(m, layer_classes)]
-        for m in layers:
-            fully_shard(m, **kwargs)
+        sharded = [fully_shard(m, **kwargs) for m in layers]  # the same modules, now FSDPModules
         fully_shard(model, **kwargs)
         if fsdp_cfg.forward_prefetch:
-            for layer, following in zip(layers, layers[1:]):
+            for layer, following in zip(sharded, sharded[1:]):
                 layer.set_modules_to_forward_prefetch([following])
         return model
     if strategy == "fsdp":

@@ -18,10 +18,13 @@ Packed rows (remove padding) attend within each of their sequences: rlx.engine.a
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _mask_mapping(model: nn.Module) -> dict | None:
@@ -47,7 +50,7 @@ def fused_head_backend(model_cfg, device: torch.device) -> str:
     return backend
 
 
-def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int], *,
+def apply_token_head(model: PreTrainedModel, role: str, chunk_size: Optional[int], *,
                      entropy_chunk_size: Optional[int] = None, entropy_checkpointing: bool = False,
                      backend: str = "torch") -> None:
     """Replace `model.forward` (an HF causal LM, or a one-label token classifier for the critic); see module doc.
@@ -66,7 +69,8 @@ def apply_token_head(model: nn.Module, role: str, chunk_size: Optional[int], *,
 
     base = model.base_model
     critic = role in ("critic", "reward")  # the one-label head: values, or the reward model's score
-    head = model.score if critic else model.get_output_embeddings()
+    # HF's `score` / lm_head: read as a Linear (its weight and bias), which torch's Module attributes cannot type
+    head = cast(nn.Linear, model.score if critic else model.get_output_embeddings())
     dropout = getattr(model, "dropout", None) if critic else None
 
     def forward(input_ids, position_ids, attention_mask, index, targets=None, temperature=1.0, with_entropy=False,

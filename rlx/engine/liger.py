@@ -47,7 +47,7 @@ def apply_liger(model: nn.Module, use_liger: bool, device: torch.device, key: st
     family = sys.modules[type(model).__module__]  # e.g. transformers.models.qwen2.modeling_qwen2
     torch_rotary = getattr(family, "apply_rotary_pos_emb", None)
     if torch_rotary is not None and not hasattr(family, "_rlx_torch_rotary"):
-        family._rlx_torch_rotary = torch_rotary  # before Liger replaces it (the tiled layers keep using it)
+        setattr(family, "_rlx_torch_rotary", torch_rotary)  # before Liger replaces it (the tiled layers keep using it)
     wanted = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False)
     takes = inspect.signature(apply).parameters  # a family without a key (e.g. no SwiGLU MLP) has no kernel for it
     # Liger also swaps the family's module classes (Qwen2RMSNorm, Qwen2MLP, ...) for every model built later in this

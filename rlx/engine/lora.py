@@ -23,10 +23,13 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 ADAPTER = "default"  # peft's adapter name
 INIT_SEED = 0  # seed of the adapters' initialisation (lora_B starts at zero, so the policy starts as the base)
@@ -44,7 +47,7 @@ class LoraSpec:
     """lora_alpha."""
     modules: list
     """HF names of the adapted projections (e.g. model.layers.0.self_attn.q_proj)."""
-    peft_config: object
+    peft_config: LoraConfig
     """The peft LoraConfig (written next to an adapter export)."""
 
     @property

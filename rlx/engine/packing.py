@@ -50,6 +50,7 @@ def equal_size_partition(lengths: list[int], groups: int) -> list[list[int]]:
     longest row first, each to the lightest group that still has room. Each group keeps its rows in order."""
     size, rest = divmod(len(lengths), groups)
     assert rest == 0, f"{len(lengths)} rows do not split into {groups} equal groups"
+    out: list[list[int]]
     loads, out = [0] * groups, [[] for _ in range(groups)]
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         g = min((g for g in range(groups) if len(out[g]) < size), key=lambda g: loads[g])

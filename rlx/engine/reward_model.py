@@ -32,6 +32,7 @@ def _as_model_cfg(rm_cfg: RewardModelConfig):
     from rlx.config.schema import CriticModelConfig
 
     m = rm_cfg.model
+    assert m.path is not None  # validation refuses reward_model.enable without reward_model.model.path
     return CriticModelConfig(path=m.path, tokenizer_path=m.path, override_config=dict(m.override_config),
                              external_lib=m.external_lib, enable_gradient_checkpointing=False,
                              enable_activation_offload=False, trust_remote_code=m.trust_remote_code,

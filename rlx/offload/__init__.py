@@ -92,7 +92,8 @@ def _head_modules(module: nn.Module, layers: List[nn.Module]) -> List[nn.Module]
     inside = {id(x) for layer in layers for x in layer.modules()}
     for m in module.modules():
         if hasattr(m, "get_output_embeddings") and hasattr(m, "base_model"):
-            head = m.get_output_embeddings()
+            # torch types a Module's attributes as Tensor | Module
+            head = m.get_output_embeddings()  # type: ignore[operator]
             if not isinstance(head, nn.Module) or id(head) in inside:
                 return []
             norm = getattr(getattr(m, "base_model", None), "norm", None)

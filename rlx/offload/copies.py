@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-Fence = Optional[object]  # a torch.cuda.Event, or None where nothing is pending
+Fence = Optional[torch.cuda.Event]  # None where nothing is pending
 
 
 def as_dtype(t_u8: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -79,7 +79,7 @@ class StreamCopies:
         self.device = device
         self._d2h = torch.cuda.Stream(device=device)
         self._h2d = torch.cuda.Stream(device=device)
-        self._compute = None
+        self._compute = torch.cuda.current_stream(device)  # begin() takes the one of each micro-batch
 
     def begin(self) -> None:
         self._compute = torch.cuda.current_stream(self.device)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -70,8 +70,8 @@ class ActivationOffloader:
     """Returned by `apply_activation_offload`; see the module docstring and docs/offload.md."""
 
     def __init__(self, layers: List[nn.Module], owners: List[List[nn.Module]], cfg: ActivationOffloadConfig,
-                 checkpointing: bool, device: torch.device, layer_class: str, head: List[nn.Module] = (),
-                 head_owners: List[List[nn.Module]] = (), root: Optional[nn.Module] = None,
+                 checkpointing: bool, device: torch.device, layer_class: str, head: Sequence[nn.Module] = (),
+                 head_owners: Sequence[List[nn.Module]] = (), root: Optional[nn.Module] = None,
                  recomputed: Optional[List[bool]] = None):
         self.cfg = cfg
         self.layers = list(layers)  # decoder layers
@@ -110,7 +110,7 @@ class ActivationOffloader:
         self._last = OffloadStats()  # the last finished one
         mlps = []
         if cfg.recompute_mlp:
-            mlps = [layer.mlp for i, layer in enumerate(self.layers)
+            mlps = [layer.get_submodule("mlp") for i, layer in enumerate(self.layers)
                     if isinstance(getattr(layer, "mlp", None), nn.Module) and not ckpt[i]]
         hooked = self._out_proj if self._out_proj is not None and not self.head else None
         self._patches = Patches(self, modules, ckpt, mlps, hooked)

@@ -27,7 +27,7 @@ def recipe(produced: Dict[Tuple[int, int], tuple], t: torch.Tensor, nbytes: int)
         t = t._base
     fn = t.grad_fn
     spec = _POINTWISE.get(type(fn).__name__) if fn is not None else None
-    if spec is None or t.storage_offset() != 0 or t._version != 0:
+    if fn is None or spec is None or t.storage_offset() != 0 or t._version != 0:
         return None
     if not t.is_contiguous() or t.numel() * t.element_size() != nbytes:
         return None

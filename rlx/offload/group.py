@@ -248,6 +248,7 @@ class Group:
                 self._copies.wait(e.fence)
                 e.fence = None
             return view_of(e.dev, p)
+        assert e.src is not None  # neither reloaded nor dropped
         return view_of(e.src, p)  # still packing or copying: the device copy is intact
 
     # ------------------------------------------------------------------ copies

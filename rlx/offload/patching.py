@@ -62,7 +62,7 @@ class Patches:
         self._off = offloader
         self._ckpt = checkpointed
         self._in_layer = False  # inside a wrapped, not checkpointed call (recompute_mlp acts only there)
-        self._undo = []  # restores each wrapped module's forward
+        self._undo: List[Callable[[], None]] = []  # restores each wrapped module's forward
         self._handles = []
         for i, m in enumerate(modules):
             self._wrap(m, self._module_forward(i, m.forward))

@@ -121,7 +121,7 @@ def _forward_chunks(h, weight, bias, y, temperature: float, chunk: int, with_ent
         lse_c = torch.logsumexp(z, dim=-1)
         lse[s:e] = lse_c
         log_probs[s:e] = z.gather(-1, y[s:e].unsqueeze(-1)).squeeze(-1) - lse_c
-        if with_entropy:
+        if entropy is not None:  # with_entropy
             entropy[s:e] = lse_c - torch.softmax(z, dim=-1).mul_(z).sum(dim=-1)
     return log_probs, entropy, lse
 

@@ -14,7 +14,7 @@ def patch_forward(module: nn.Module, forward: Callable) -> Callable[[], None]:
 
     def undo():
         if had:
-            module.forward = orig
+            module.__dict__["forward"] = orig  # what setting the instance attribute did
         else:
             del module.forward
 

@@ -40,7 +40,7 @@ function (one tile for a short sequence), so that it is checkpointed the same wa
 from __future__ import annotations
 
 import sys
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 import torch
 from torch import nn
@@ -82,16 +82,16 @@ def apply_tiled_layers(layers: List[nn.Module], tile_tokens: int,
     return handle
 
 
-def _attention_function(attn: nn.Module, mod) -> Callable:
+def _attention_function(impl: str, mod) -> Callable:
     """The attention the layer's own forward would call (transformers' interface for the configured
-    implementation, eager otherwise)."""
+    implementation `impl`, eager otherwise)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    impl = attn.config._attn_implementation
     eager = getattr(mod, "eager_attention_forward", None)
+    # transformers types `default` as a function; a family without an eager function (None) reads it only for eager
     if hasattr(ALL_ATTENTION_FUNCTIONS, "get_interface"):
-        return ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager)
-    return eager if impl == "eager" else ALL_ATTENTION_FUNCTIONS[impl]
+        return ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager)  # type: ignore[arg-type]
+    return eager if impl == "eager" else ALL_ATTENTION_FUNCTIONS[impl]  # type: ignore[return-value]
 
 
 class _LayerPlan:
@@ -107,6 +107,7 @@ class _LayerPlan:
         if not need <= names or names - need:
             raise ValueError(f"{what} has children {sorted(names)}; tiling supports the Qwen2/Llama layer "
                              f"{sorted(need)}. Set {_KEY}=0 for this model.")
+        assert attn is not None  # a child, checked above
         extra = {n for n, m in attn.named_children() if any(True for _ in m.parameters())} - self._ATTN_CHILDREN
         mod = sys.modules[type(attn).__module__]
         # torch's rotary on [tokens, heads, d] tiles, even where Liger replaced the family's (rlx.engine.liger)
@@ -123,7 +124,7 @@ class _LayerPlan:
     # ---- the layer's parts, on `[n, ...]` token rows --------------------------------------------------
     def pre(self, x, cos, sin):
         a, d = self.attn, self.attn.head_dim
-        h = self.layer.input_layernorm(x)
+        h = self.layer.input_layernorm(x)  # type: ignore[operator]  # torch types a submodule as Tensor | Module
         q = a.q_proj(h).view(x.shape[0], -1, d)
         k = a.k_proj(h).view(x.shape[0], -1, d)
         v = a.v_proj(h).view(x.shape[0], -1, d)
@@ -142,14 +143,14 @@ class _LayerPlan:
 
     def post(self, x, o):
         h = x + self.attn.o_proj(o)
-        return h + self.layer.mlp(self.layer.post_attention_layernorm(h))
+        return h + self.layer.mlp(self.layer.post_attention_layernorm(h))  # type: ignore[operator]  # as in pre
 
     def attention(self, q, k, v, shape, attention_mask, kwargs):
         """q/k/v `[tokens, heads, d]` buffers -> the attention output `[tokens, heads * d]` (a view of what the
         attention returns), through the `[B, heads, S, d]` views the untiled layer passes."""
         b, s = shape
         a = self.attn
-        fn = _attention_function(a, self.mod)
+        fn = _attention_function(a.config._attn_implementation, self.mod)
         extra = {"sliding_window": a.sliding_window} if hasattr(a, "sliding_window") else {}
         out, _ = fn(a, *(t.view(b, s, *t.shape[1:]).transpose(1, 2) for t in (q, k, v)), attention_mask,
                     dropout=0.0, scaling=a.scaling, **extra, **kwargs)
@@ -273,7 +274,7 @@ class _TiledLayer(torch.autograd.Function):
                 gs = [torch.cat([_padded(g[i], start, keep, end) for g in grads], dim=1) for i in range(3)]
                 gs.append(_padded(dx_res, start, keep, end))
                 gx, *gp = torch.autograd.grad([q_t, k_t, v_t, res], [x_t] + wanted, gs, allow_unused=True)
-                if need_x:
+                if grad_x is not None:  # need_x
                     grad_x[keep:end] = gx[keep - start:]
                 sums.add(gp)
         it = iter(sums.sums)

@@ -120,9 +120,10 @@ def _tiled_forward(mlp: nn.Module, orig: Callable, tile: int) -> Callable:
 def _grad_params(mlp: nn.Module) -> Tuple[List[_Slot], List[torch.Tensor]]:
     """The tensors the MLP reads as parameters that require grad, read now: registered parameters (FSDP2
     swaps its unsharded ones in there) or, under FSDP1, the views it sets as plain attributes in forward."""
-    slots, params = [], []
+    slots: List[_Slot] = []
+    params: List[torch.Tensor] = []
     for m in mlp.modules():
-        found = [(k, v) for k, v in m._parameters.items() if v is not None]
+        found: List[Tuple[str, torch.Tensor]] = [(k, v) for k, v in m._parameters.items() if v is not None]
         found += [(k, v) for k, v in m.__dict__.items() if isinstance(v, torch.Tensor) and k not in m._parameters]
         for name, t in found:
             if t.requires_grad:
@@ -137,7 +138,7 @@ def _swapped(slots: List[_Slot], tensors: List[torch.Tensor]):
     undo = []
     try:
         for (m, name), t in zip(slots, tensors):
-            where = m._parameters if name in m._parameters else m.__dict__
+            where: dict = m._parameters if name in m._parameters else m.__dict__
             undo.append((where, name, where[name]))
             where[name] = t
         yield
@@ -175,6 +176,7 @@ def _tiled_loop(fn: Callable, x: torch.Tensor, tile: int) -> torch.Tensor:
         if out is None:
             out = y.new_empty((flat.shape[0], y.shape[-1]))
         out[keep:end] = y[keep - start:]
+    assert out is not None, "no tokens to tile"
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -206,7 +208,7 @@ class _TiledMLP(torch.autograd.Function):
                 y_t = ctx.fn(x_t)
                 grads = torch.autograd.grad(y_t, ([x_t] if need_x else []) + wanted,
                                             _padded(g_flat, start, keep, end), allow_unused=True)
-                if need_x:
+                if grad_x is not None:  # need_x
                     grad_x[keep:end] = 0 if grads[0] is None else grads[0][keep - start:]
                     grads = grads[1:]
                 sums.add(grads)
@@ -226,10 +228,11 @@ class _Sums:
         for i, g in enumerate(grads):
             if g is None:
                 continue
-            if self.sums[i] is None:
+            total = self.sums[i]
+            if total is None:
                 self.sums[i] = g if g.dtype in (torch.float32, torch.float64) else g.float()
             else:
-                self.sums[i].add_(g)
+                total.add_(g)
 
 
 def _padded(full: torch.Tensor, start: int, keep: int, end: int) -> torch.Tensor:

@@ -35,8 +35,8 @@ def builtin_score(data_source, solution_str: str, ground_truth, extra_info=None,
     e.g. ``method="flexible"`` or ``format_score=0.1`` for GSM8K)."""
     if data_source in _GSM8K_SOURCES:
         return gsm8k.compute_score(solution_str, ground_truth, **score_kwargs)
-    if math_sources.scorer(data_source) is not None:
-        return math_sources.scorer(data_source)(solution_str, ground_truth, **score_kwargs)
+    if (scorer := math_sources.scorer(data_source)) is not None:
+        return scorer(solution_str, ground_truth, **score_kwargs)
     if data_source in SYNTHETIC_REWARDS:
         return SYNTHETIC_REWARDS[data_source](solution_str, ground_truth, extra_info=extra_info, **score_kwargs)
     raise ValueError(f"no built-in reward for data_source={data_source!r}; known: {known_data_sources()} (and "

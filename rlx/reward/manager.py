@@ -85,6 +85,7 @@ class RewardManager:
         """DAPO's soft overlong punishment of a response with `length` valid tokens (0 when off or short)."""
         if self.overlong_buffer is None:
             return 0.0
+        assert self.max_resp_len is not None  # __init__ checks it with overlong_buffer
         buffer_len = int(self.overlong_buffer["len"])
         exceed = length - (self.max_resp_len - buffer_len)
         return min(-exceed / buffer_len * float(self.overlong_buffer["penalty_factor"]), 0.0)
@@ -98,6 +99,8 @@ class RewardManager:
         try:
             if isinstance(value, (str, bytes)):
                 raise TypeError("a string")
+            if value is None:
+                raise TypeError("None")
             score = float(value)
         except (TypeError, ValueError) as e:
             raise RewardError(f"reward function {describe_fn(self.compute_score)} returned {value!r:.200} "

@@ -183,6 +183,7 @@ class ScorePool:
             ready = multiprocessing.connection.wait([w.conn for w in busy], timeout=max(0.0, deadline - now))
             now = time.monotonic()
             for w in busy:
+                assert w.index is not None  # a busy worker
                 outcome, index = None, w.index
                 if w.conn in ready:
                     try:

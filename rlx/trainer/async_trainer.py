@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,6 +36,9 @@ from rlx.protocol import Batch
 from rlx.trainer.ppo_trainer import RayPPOTrainer, timed
 from rlx.trainer.stopping import TrainingStopped
 from rlx.workers.rollout_worker import VERSIONS
+
+if TYPE_CHECKING:
+    from rlx.workers.rollout_worker import RolloutGroup
 
 log = logging.getLogger("rlx")
 
@@ -147,10 +151,12 @@ class Rollouter(threading.Thread):
     def admits(self, step: int, version: int) -> bool:
         """Batch `step` may start with weights `version`: its samples will lag at most the bound when trained."""
         a = self.trainer.plan.async_
+        assert a is not None  # an async job's plan
         return lag(step, version, a.sync_every) <= a.staleness
 
     def run(self) -> None:
         try:
+            assert self.trainer.plan.async_ is not None  # an async job's plan
             if self.trainer.plan.async_.partial_rollout:
                 self.run_pipelined()
             else:
@@ -165,7 +171,8 @@ class Rollouter(threading.Thread):
             t.gate.wait_until(lambda v: self.admits(step, v), self.stop)
             if self.stop.is_set():
                 return
-            metrics, timing = {}, {}
+            metrics: dict[str, float] = {}
+            timing: dict[str, float] = {}
             batch = t.sample(t.train_loader.next_batch(), metrics, timing, step=step)
             self.out.put(Rollout(step, batch, metrics, timing, t.train_loader.state_dict()))
 
@@ -189,6 +196,7 @@ class Rollouter(threading.Thread):
             open_.popleft()
             if head.error is not None:
                 raise head.error
+            timing: dict[str, float]
             metrics, timing = {"async/batches_in_flight": float(1 + len(open_))}, {}
             batch = t.sample(head.prompts, metrics, timing, step=head.step, generated=head.result)
             timing["gen"] = head.seconds + timing.get("gen", 0.0)  # its own generation (overlapping others')
@@ -203,6 +211,7 @@ class Rollouter(threading.Thread):
                     raise RuntimeError("the rollouter thread ended without a batch") from self.error
                 continue
             if item is None:
+                assert self.error is not None  # run() puts None after setting it
                 raise self.error
             assert item.step == step, (item.step, step)
             return item
@@ -237,7 +246,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
         self.old_from_rollout = plan.async_.rollout_log_probs_as_old
         if plan.async_.default_is_correction:  # the lag is corrected by token-level truncated IS by default
             self.rollout_corr["rollout_is"] = "token"
-        self.rollouts = None  # the RolloutGroup, started by init_workers()
+        self.rollouts: RolloutGroup | None = None  # started by init_workers()
         self.rollouter: Rollouter | None = None  # the thread that generates ahead, while the steps run (stepping())
         self.gate = Gate(version=-1)
         self.trained_loader_state: dict | None = None
@@ -251,8 +260,10 @@ class AsyncPPOTrainer(RayPPOTrainer):
         # the rollout's engines first: vLLM sizes its KV cache from free GPU memory
         self.rollouts = RolloutGroup(self.place(ROLLOUT_GROUP), self.cfg, self.plan)
         self.rollouts.init_model()
+        assert self.plan.async_ is not None  # checked in __init__
         self.pump = self.rollouts.segment_pump(self.plan.async_.segment, self.gate.rollout_call)
         super().init_workers()  # the actor (and ref) and the critic on the trainer pool
+        assert self.actor is not None
         dtype = self.cfg.actor_rollout_ref.rollout.dtype if self.plan.placement.device == "cuda" else "float32"
         self.weights_info = self.actor.weights_info(str(dtype).replace("torch.", ""), self.plan.async_.bucket_bytes)
         worlds = self.rollouts.transfer_groups  # one group per engine slot of the rollout GPUs
@@ -269,6 +280,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
     # ---- the pieces the colocated loop calls ---------------------------------------------------------------
     def engine_generate(self, gen_in: Batch, validate: bool) -> Batch:
         a = self.plan.async_
+        assert a is not None and self.rollouts is not None  # checked in __init__; init_workers ran
         if a.partial_rollout and not validate:
             return self.pump.generate(gen_in)
         if validate:  # the trainer thread, holding the rollout paused
@@ -288,6 +300,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
         start = time.perf_counter()
         with self.gate.paused():
             waited = time.perf_counter() - start
+            assert self.actor is not None and self.rollouts is not None  # init_workers ran
             sent = self.actor.send_weights(self.weights_info)
             got = self.rollouts.receive_weights(self.weights_info, self.global_step)
             stats = ray.get(sent)[0]
@@ -314,10 +327,12 @@ class AsyncPPOTrainer(RayPPOTrainer):
             self.rollouter.stop.set()
 
     def next_step(self) -> dict:
+        assert self.rollouter is not None  # inside stepping()
         return self.train_step_async(self.rollouter)
 
     def train_step_async(self, rollouter: Rollouter) -> dict:
         a = self.plan.async_
+        assert a is not None  # checked in __init__
         timing: dict[str, float] = {}
         metrics: dict[str, float] = {}
         busy_before = self.gate.busy_s
@@ -342,6 +357,7 @@ class AsyncPPOTrainer(RayPPOTrainer):
         """The batch without the groups that hold a sample lagging more than the bound (counted in
         async/dropped_stale_samples); their staleness metrics."""
         a = self.plan.async_
+        assert a is not None  # checked in __init__
         versions, mask = batch[VERSIONS], batch["response_mask"]
         metrics.update(staleness_metrics(versions, mask, self.global_step, a.sync_every))
         stale = stale_rows(versions, mask, self.global_step, a.sync_every, a.staleness)

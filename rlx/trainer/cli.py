@@ -66,13 +66,15 @@ def parse_argv(argv: list[str]) -> CliArgs:
         name, eq, value = arg.partition("=")
         if name in _VALUE_FLAGS:
             if not eq:
-                value = next(it, None)
-                if value is None or value.startswith("-"):
+                following = next(it, None)
+                if following is None or following.startswith("-"):
                     raise UsageError(f"{name} needs a value")
+                value = following
             setattr(args, _VALUE_FLAGS[name], value)
         elif name in _SWITCHES and not eq:
-            if _SWITCHES[name]:
-                setattr(args, _SWITCHES[name], True)
+            switch = _SWITCHES[name]  # None: a flag rlx accepts and needs nothing for
+            if switch:
+                setattr(args, switch, True)
         elif name in _HYDRA_ONLY:
             raise UsageError(f"{name} is a Hydra flag rlx does not implement (rlx runs one job per command)")
         else:
@@ -258,6 +260,7 @@ class _Job:
     it."""
 
     def __init__(self, args: CliArgs):
+        self.cfg: RLXConfig | None
         self.args, self.cfg = args, None
 
     def stop_line(self, what: str, e: BaseException) -> str:
@@ -306,6 +309,7 @@ class _Job:
 
                 print(f"rlx: check failed (nothing started); device {devices(cfg)}", file=sys.stderr)
             return 2
+        assert plan is not None  # made whenever the config's rules pass
         if args.check:
             from rlx.trainer.check import describe
 

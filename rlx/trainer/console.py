@@ -39,7 +39,10 @@ def announce_worker_logs() -> None:
     if ray_constants.RAY_LOG_TO_DRIVER:
         return
     try:
-        logs = ray_worker.global_worker.node.get_logs_dir_path()
+        node = ray_worker.global_worker.node
+        if node is None:  # not connected: no logs dir to ask for
+            raise AttributeError("no Ray node")
+        logs = node.get_logs_dir_path()
     except AttributeError:  # a Ray without this (private) accessor: the usual place
         logs = "<ray temp dir>/session_latest/logs"
     print(f"rlx: worker output (vLLM, FSDP, Ray) goes to {logs}/worker-*.out|err (on each node of a cluster); "

@@ -90,7 +90,7 @@ class _Sigterm:
             raise Terminated()
 
 
-def ended_by_sigterm(e: BaseException) -> bool:
+def ended_by_sigterm(e: BaseException | None) -> bool:
     """Whether `e` is how a SIGTERM surfaced: `Terminated`, Ray's handler's `SystemExit(SIGTERM)` (while Ray
     starts), or any error after the signal came (the handler's exception raised inside C code comes out as a
     `SystemError`; a cleanup it cut short fails in its own way)."""
@@ -213,7 +213,7 @@ def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
     log.info("rollout: %s", plan.rollout.engine)
     own_ray = not ray.is_initialized()
     console.drop_known_harmless_warnings()
-    trainer = None
+    trainer: RayPPOTrainer | None = None
     try:
         try:
             init_ray(cfg, plan)
@@ -235,7 +235,7 @@ def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
             trainer = RayPPOTrainer(cfg, plan, inputs)
         trainer.history = trainer.fit()
     except (Terminated, KeyboardInterrupt) as e:
-        e.step = trainer.global_step if trainer is not None else None
+        setattr(e, "step", trainer.global_step if trainer is not None else None)  # a KeyboardInterrupt's too
         raise
     except BaseException as e:
         step = trainer.global_step if trainer is not None else None
@@ -261,6 +261,7 @@ def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
                 trainer.shutdown()
             if own_ray:
                 ray.shutdown()
+    assert trainer is not None  # the run finished
     if _Sigterm.received:  # during the cleanup of a run that had finished
         stopped = Terminated()
         stopped.step = trainer.global_step

@@ -90,6 +90,7 @@ class RayPPOTrainer:
         self.actor: ActorGroup | None = None  # the worker groups, started by init_workers()
         self.critic: CriticGroup | None = None
         self.rm: RewardModelGroup | None = None
+        self.history: list[dict] = []  # what fit() returned (rlx.trainer.launch keeps it here)
         self._placed: dict[str, ResourcePool] = {}  # the pools placed so far, by name (place())
 
     # ---- setup ----------------------------------------------------------------------------------------
@@ -139,7 +140,7 @@ class RayPPOTrainer:
         log_dir = os.path.join(self.cfg.trainer.default_local_dir, "logs")
         self.tracker = Tracker(self.cfg, log_dir)
         self.profiling = StepProfiling(self.cfg.global_profiler, [self.actor, self.critic], self.total_steps)
-        history = []
+        history: list[dict] = []
         self.resume()
         self.before_training()
         if self.cfg.trainer.val_before_train or self.cfg.trainer.val_only:
@@ -200,6 +201,7 @@ class RayPPOTrainer:
         """Everything after the rollout: old log-probs, ref, values, advantages, then the critic's and the actor's
         updates; returns the batch as trained on."""
         batch = self.balance_batch(batch, metrics)
+        assert self.actor is not None  # init_workers ran
         if self.old_from_rollout:  # bypass mode (or async_training.use_rollout_log_probs): no old log-prob pass
             batch.tensors["old_log_probs"] = batch["rollout_log_probs"]
         else:
@@ -212,12 +214,14 @@ class RayPPOTrainer:
             with timed("ref", timing):
                 batch = batch.union(worker_metrics(self.actor.compute_ref_log_prob(batch), metrics))
         if self.use_critic:
+            assert self.critic is not None  # use_critic: init_workers built it
             with timed("values", timing):
                 batch = batch.union(worker_metrics(self.critic.compute_values(batch), metrics))
         with timed("adv", timing):
             self.compute_advantage(batch, metrics)
         batch = self.pf_ppo_resample(batch)
         if self.use_critic:
+            assert self.critic is not None  # use_critic: init_workers built it
             with timed("update_critic", timing):
                 metrics.update(self.critic.update(batch))
         if self.global_step > self.cfg.trainer.critic_warmup:
@@ -290,10 +294,11 @@ class RayPPOTrainer:
         out = self.engine_generate(gen_in, validate)
         info = Batch(non_tensors={**prompts.non_tensors,
                                   "uid": np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)})
-        return out.union(info.repeat_interleave(sampling["n"]))
+        return out.union(info.repeat_interleave(int(sampling["n"])))
 
     def engine_generate(self, gen_in: Batch, validate: bool) -> Batch:
         """The engines' responses to `gen_in`: the actor workers' colocated engines."""
+        assert self.actor is not None  # init_workers ran
         return self.actor.generate(gen_in)
 
     def greedy_baseline(self, prompts: Batch, batch: Batch, metrics: dict) -> None:
@@ -450,5 +455,6 @@ class RayPPOTrainer:
             self.kl_ctrl.value = state["kl_ctrl_value"]
 
     def param_checksum(self) -> float:
+        assert self.actor is not None  # init_workers ran
         return self.actor.param_checksum()
 

@@ -79,7 +79,7 @@ def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
     model_dir = _check_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path, problems)
     if plan.roles.critic and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
         _check_model("critic.model.path", cfg.critic.model.path, problems)
-    if plan.roles.reward_model:
+    if plan.roles.reward_model and cfg.reward_model.model.path is not None:  # None: a config error already
         _check_model("reward_model.model.path", cfg.reward_model.model.path, problems)
     tokenizer = None
     tok_key, tok_path = (("data.tokenizer", cfg.data.tokenizer) if cfg.data.tokenizer
@@ -91,7 +91,7 @@ def preflight(cfg: RLXConfig, plan: JobPlan | None = None) -> DriverInputs:
                                     or cfg.actor_rollout_ref.model.trust_remote_code, problems)
     if tokenizer is not None and cfg.actor_rollout_ref.model.custom_chat_template:
         tokenizer.chat_template = cfg.actor_rollout_ref.model.custom_chat_template  # the dataset formats with it
-    if tokenizer is not None and plan.roles.critic:
+    if tokenizer is not None and tok_dir is not None and plan.roles.critic:
         _check_critic_tokenizer(cfg, tok_dir, tokenizer, problems)
     if model_dir is not None:
         _check_context(cfg, model_dir, problems)
@@ -432,7 +432,7 @@ def _check_resumed_models(cfg: RLXConfig, plan: JobPlan, resume_dir: str, proble
 
     from rlx.engine.architecture import differences, expected
 
-    roles = {"actor": (cfg.actor_rollout_ref.model, "actor_rollout_ref.model")}
+    roles: dict[str, tuple[Any, str]] = {"actor": (cfg.actor_rollout_ref.model, "actor_rollout_ref.model")}
     if plan.roles.critic:
         roles["critic"] = (cfg.critic.model, "critic.model")
     for role, (model_cfg, key) in roles.items():

@@ -14,6 +14,7 @@ import netrc
 import os
 import sys
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 from rlx.config.schema import RLXConfig
@@ -133,7 +134,7 @@ def init_wandb(cfg: RLXConfig, log_dir: str):
     wandb_dir = os.environ.get("WANDB_DIR") or log_dir
     os.makedirs(wandb_dir, exist_ok=True)
     offline = not os.environ.get("WANDB_MODE") and not wandb_has_credentials()
-    kwargs = dict(mode="offline", settings=wandb.Settings(silent=True)) if offline else {}
+    kwargs: dict[str, Any] = dict(mode="offline", settings=wandb.Settings(silent=True)) if offline else {}
     run = wandb.init(project=t.project_name, name=t.experiment_name, entity=os.environ.get("WANDB_ENTITY"),
                      config=asdict(cfg), dir=wandb_dir, **kwargs)
     if offline:

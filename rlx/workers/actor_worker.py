@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 from rlx.config.schema import RLXConfig
 from rlx.plan import JobPlan
@@ -10,6 +11,9 @@ from rlx.protocol import Batch
 from rlx.workers.base_worker import Worker
 from rlx.workers.group import ResourcePool, WorkerGroup
 from rlx.workers.profiling import profiled
+
+if TYPE_CHECKING:
+    from rlx.workers.weight_transfer import WeightTransfer
 
 log = logging.getLogger("rlx")
 
@@ -33,6 +37,8 @@ class ActorRolloutRefWorker(Worker):
         from rlx.engine.lora import lora_enabled
 
         arr = self.cfg.actor_rollout_ref
+        assert self.device is not None  # init_distributed ran
+        common: dict[str, Any]
         common = dict(model_cfg=arr.model, device=self.device, world_size=self.world_size,
                       rollout_n=arr.rollout.n, temperature=arr.rollout.temperature)
         rc = self.cfg.algorithm.rollout_correction
@@ -56,7 +62,7 @@ class ActorRolloutRefWorker(Worker):
             from rlx.workers.rollout import build_tokenizer
 
             self.rollout, self.agent, self.tokenizer = None, None, build_tokenizer(self.cfg)
-            self.transfer = None
+            self.transfer: WeightTransfer | None = None
         else:
             self.rollout = self._build_rollout(self.plan.rollout.engine)
             self.agent = self._build_agent_rollout()
@@ -81,6 +87,7 @@ class ActorRolloutRefWorker(Worker):
         `meta["metrics"]` holds the rollout's phases: `timing_s/rollout/{wake,sync,generate,sleep}`,
         `perf/rollout/generated_tokens_per_s` (this rank's) and the GPU memory after each phase."""
         arr_rollout = self.cfg.actor_rollout_ref.rollout
+        assert self.rollout is not None  # the hybrid engine's: this worker's own
         m: dict = {}
         # vLLM sleep mode, in stages (verl's order with vLLM, rollout.multi_stage_wake_up or not): the weights, the
         # sync, then the KV cache once the gathered weights are freed
@@ -170,6 +177,7 @@ class ActorRolloutRefWorker(Worker):
         if self.rank == 0:
             from rlx.workers.weight_transfer import WeightTransfer
 
+            assert self.device is not None  # init_distributed ran
             self.transfer = WeightTransfer(host, groups, 0, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
 
     def send_weights(self, info) -> dict:
@@ -178,6 +186,7 @@ class ActorRolloutRefWorker(Worker):
         with self.actor.phase():
             named = self.actor.policy_weights(layered=self.cfg.actor_rollout_ref.rollout.layered_summon)
             if self.rank == 0:
+                assert self.transfer is not None  # rank 0 opened it
                 return self.transfer.send(info, named)
             for _ in named:
                 pass

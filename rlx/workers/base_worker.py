@@ -42,7 +42,7 @@ class Worker:
         """`plan`: the job plan (rlx.plan) the driver resolved: engines and roles are read there, never re-decided
         from the config."""
         self.cfg, self.plan, self.rank, self.world_size = cfg, plan, rank, world_size
-        self.device = None
+        self.device: torch.device | None = None  # once the process group is joined (init_distributed)
         self.profiler: WorkerProfiler | None = None  # once the device is known (init_distributed)
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank{rank}] %(message)s")
         if cfg.trainer.device == "cpu":
@@ -99,10 +99,12 @@ class Worker:
 
     def start_profile(self, step: int) -> None:
         """A profiled window begins (or goes on) at training step `step` (global_profiler.steps)."""
+        assert self.profiler is not None  # init_distributed made it
         self.profiler.start(step)
 
     def stop_profile(self) -> list[str]:
         """The profiled window ends: its traces are written; returns their paths."""
+        assert self.profiler is not None  # init_distributed made it
         return self.profiler.stop()
 
     @contextlib.contextmanager

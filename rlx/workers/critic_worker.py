@@ -20,6 +20,7 @@ class CriticWorker(Worker):
         from rlx.engine.critic import CriticEngine
 
         c = self.cfg.critic
+        assert self.device is not None  # init_distributed ran
         self.critic = CriticEngine(critic_cfg=c, device=self.device, world_size=self.world_size,
                                    total_steps=total_steps,
                                    max_micro_batch_tokens=role_micro_batch_tokens(self.cfg.data, c))

@@ -65,7 +65,7 @@ class ResourcePool:
                                   name=f"{name}_{os.getpid()}_{time.monotonic_ns()}")
         self._wait_ready(bundle)
         node_of = placement_group_table(self.pg)["bundles_to_node_id"]
-        first = {}
+        first: dict = {}
         for index in range(self.bundles):
             first.setdefault(node_of[index], index)
         order = sorted(range(self.bundles), key=lambda i: (first[node_of[i]], i))
@@ -159,7 +159,10 @@ def log_tail(info: WorkerInfo, lines: int = 10) -> tuple[str, list[str]]:
     try:
         import ray._private.worker as ray_worker
 
-        logs = ray_worker.global_worker.node.get_logs_dir_path()
+        node = ray_worker.global_worker.node
+        if node is None:  # not connected: no logs dir to ask for
+            raise AttributeError("no Ray node")
+        logs = node.get_logs_dir_path()
     except AttributeError:  # a Ray without this (private) accessor
         return f"<ray temp dir>/session_latest/logs/worker-*-{info.pid}.err on {info.node}", []
     pattern = os.path.join(logs, f"worker-*-{info.pid}")

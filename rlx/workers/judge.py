@@ -86,6 +86,7 @@ class Judge:
 
             importlib.import_module(rm.model.external_lib)
         self.actor_tokenizer = actor_tokenizer
+        assert rm.model.path is not None  # validation refuses a reward model without reward_model.model.path
         path = resolve_model_path(rm.model.path)
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=rm.model.trust_remote_code)
         self.prompt_length, self.response_length = judge_lengths(cfg)
@@ -140,5 +141,5 @@ class Judge:
         """Per row: the judge's score, its counts and its verdict (rlx.reward.judge.read_verdicts)."""
         prompts, cut = self.prompts(batch)
         verdict_ids = self.generate(prompts)
-        texts = [self.tokenizer.decode(v, skip_special_tokens=True) for v in verdict_ids]
+        texts = self.tokenizer.batch_decode(verdict_ids, skip_special_tokens=True)
         return read_verdicts(texts, verdict_ids, self.judge_cfg, self.engine.eos_token_id, self.response_length, cut)

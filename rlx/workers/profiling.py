@@ -61,17 +61,21 @@ class TorchMemory:
     """The torch_memory tool of one process: allocator history from now on; snapshots per profiled window and at
     out-of-memory."""
 
-    def __init__(self, cfg: RoleProfilerConfig, global_cfg: GlobalProfilerConfig, rank: int, chosen: bool):
-        opts, shared = cfg.tool_config.torch_memory, global_cfg.global_tool_config.torch_memory
+    def __init__(self, cfg: RoleConfig, global_cfg: GlobalProfilerConfig, rank: int, chosen: bool):
+        shared = global_cfg.global_tool_config.torch_memory
+        # the rollout's profiler has no torch_memory keys: the global ones, which a role's keys follow
+        opts = cfg.tool_config.torch_memory if isinstance(cfg, RoleProfilerConfig) else shared
         self.rank, self.save_path, self.steps_per_snapshot = rank, cfg.save_path, opts.memory_snapshot_num_steps
         self.record_args = dict(context=shared.context, stacks=shared.stacks, max_entries=opts.trace_alloc_max_entries,
                                 **shared.kw_args)
         self.window: list[int] = []
         torch.cuda.memory._record_memory_history(**self.record_args)
         if chosen:  # verl: the chosen ranks write a snapshot when an allocation fails
-            torch._C._cuda_attach_out_of_memory_observer(self._on_out_of_memory)
+            # a private binding of CUDA builds, absent from torch's type stubs
+            torch._C._cuda_attach_out_of_memory_observer(self._on_out_of_memory)  # type: ignore[attr-defined]
 
     def _dump(self, sub_dir: str, tag: str) -> str:
+        assert self.save_path is not None  # validation (check_profiler) refuses a null save_path
         out = os.path.join(resolve_path(self.save_path), sub_dir)
         os.makedirs(out, exist_ok=True)
         path = os.path.join(out, f"{tag}_rank{self.rank}_pid{os.getpid()}.pickle")
@@ -122,7 +126,7 @@ class WorkerProfiler:
     def start(self, step: int) -> None:
         """Begin (or, with continuous steps, extend) a profiled window at training step `step`."""
         self.steps.append(step)
-        if self.memory_on:
+        if self.memory_on and self.memory is not None:
             self.memory.start(step)
         if self.traced and not self.discrete and self.prof is None:
             self.prof = torch_profile(self.contents, self.cuda)
@@ -136,7 +140,7 @@ class WorkerProfiler:
             steps = f"step{first}" if first == last else f"steps{first}-{last}"
             self._export(self.prof, self.save_paths, f"{self.worker}_{steps}")
             self.prof = None
-        if self.memory_on:
+        if self.memory_on and self.memory is not None:
             self.memory.stop()
         written, self.written, self.steps, self.parts = self.written, [], [], {}
         return written
@@ -163,9 +167,10 @@ class WorkerProfiler:
             self.parts[label] = self.parts.get(label, 0) + 1  # a phase run again (validation's generation)
             self._export(prof, [cfg.save_path], label + (f"_part{self.parts[label]}" if self.parts[label] > 1 else ""))
 
-    def _export(self, prof: torch.profiler.profile, save_paths: list[str], name: str) -> list[str]:
-        written = []
+    def _export(self, prof: torch.profiler.profile, save_paths: list[str | None], name: str) -> list[str]:
+        written: list[str] = []
         for save_path in save_paths:
+            assert save_path is not None  # validation (check_profiler) refuses a null save_path
             out = resolve_path(save_path)
             os.makedirs(out, exist_ok=True)
             path = os.path.join(out, f"{name}_rank{self.rank}.json.gz")

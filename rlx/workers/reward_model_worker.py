@@ -43,6 +43,7 @@ class RewardModelWorker(Worker):
         self.actor_tokenizer = AutoTokenizer.from_pretrained(actor_path, trust_remote_code=arr.model.trust_remote_code)
         if arr.model.custom_chat_template:
             self.actor_tokenizer.chat_template = arr.model.custom_chat_template
+        assert self.device is not None  # init_distributed ran
         self.judge = None
         if self.plan.judge is not None:
             from rlx.workers.judge import Judge
@@ -51,6 +52,7 @@ class RewardModelWorker(Worker):
                                device=self.device, engine=self.plan.judge.engine)
             return
         self.rm = RewardModelEngine(rm_cfg=rm, strategy=rm.strategy, device=self.device, world_size=self.world_size)
+        assert rm.model.path is not None  # validation refuses a reward model without reward_model.model.path
         self.rm_tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(rm.model.path),
                                                           trust_remote_code=rm.model.trust_remote_code)
         self.retemplate = rm.model.input_tokenizer is not None or \

@@ -23,7 +23,7 @@ from rlx.protocol import Batch
 from rlx.workers.base_worker import Worker
 from rlx.workers.group import ResourcePool, WorkerGroup
 from rlx.workers.profiling import profiled
-from rlx.workers.weight_transfer import transfer_slots
+from rlx.workers.weight_transfer import WeightTransfer, transfer_slots
 
 VERSIONS = "rollout_token_versions"
 """[rows, response length] int64: the policy version (training step of the weights) that produced each token."""
@@ -49,6 +49,7 @@ class RolloutWorker(Worker):
         tp = self.plan.rollout.tensor_parallel_size
         # without tensor parallelism each rank is a process group of its own (RolloutGroup), its engine a lone world
         rank, world = (0, 1) if tp == 1 else (self.rank, self.world_size)
+        assert self.device is not None  # init_distributed ran
         self.rollout, self.tokenizer = build_rank_engine(self.cfg, self.plan.rollout.engine, self.device, rank, world,
                                                          rollout_cfg=own, dp_rank=self.rank // tp)
         from rlx.workers.rollout import build_agent_rollout, build_stream
@@ -56,7 +57,7 @@ class RolloutWorker(Worker):
         # multi-turn (the agent loop) runs here too; its trajectories come back whole, each tagged with this version
         self.agent = build_agent_rollout(self.cfg, self.plan, self.rollout, self.tokenizer)
         self.version = -1  # no weights from the trainer yet
-        self.transfer = None
+        self.transfer: WeightTransfer | None = None
         self.partials: dict[int, _Partial] = {}  # batches being generated in segments (partial rollout), by key
         # vLLM: the open batches' responses, live in the engine between calls (VLLMStream); None on hf
         self.stream = None if self.agent is not None else build_stream(self.plan.rollout.engine, self.rollout)
@@ -65,6 +66,7 @@ class RolloutWorker(Worker):
         """Join this rank's trainer -> rollout group (its engine slot's), as `rank` of `world_size`."""
         from rlx.workers.weight_transfer import WeightTransfer
 
+        assert self.device is not None  # init_distributed ran
         self.transfer = WeightTransfer(host, [(port, world_size)], rank, self.device,
                                        self.cfg.actor_rollout_ref.nccl_timeout)
 
@@ -74,6 +76,7 @@ class RolloutWorker(Worker):
         with self.measured("sync", m, "rollout/receive_weights"):
             if self.stream is not None:
                 self.stream.pause()  # in-flight responses go on with the new weights at the next advance
+            assert self.transfer is not None  # open_weight_transfer ran
             self.rollout.sync_weights(self.transfer.receive(info))
         self.version = int(version)
         if self.stream is not None:

@@ -38,6 +38,8 @@ class WeightsInfo:
     def buckets(self) -> list[list[int]]:
         """The weights' indices, cut into buckets of at most bucket_bytes (a larger weight is a bucket of its own)."""
         size = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        out: list[list[int]]
+        cur: list[int]
         out, cur, cur_bytes = [], [], 0
         for i, shape in enumerate(self.shapes):
             nbytes = _numel(shape) * size
@@ -81,13 +83,14 @@ class WeightTransfer:
         # cannot reach each other over NCCL)
         self.backend = "nccl" if device.type == "cuda" and os.environ.get("RLX_WEIGHT_TRANSFER") != "gloo" else "gloo"
         self.wire = device if self.backend == "nccl" else torch.device("cpu")
+        self._stores: list[dist.PrefixStore]
         self._stores, self.pgs = [], []
         for port, world_size in groups:  # the source meets the groups one by one, each group's ranks wait for it
             self.pgs.append(self._group(host, port, world_size))
 
     def _group(self, host: str, port: int, world_size: int):
-        store = dist.TCPStore(host, port, world_size, is_master=self.rank == 0, timeout=self.timeout)
-        store = dist.PrefixStore("rlx_weights", store)
+        tcp = dist.TCPStore(host, port, world_size, is_master=self.rank == 0, timeout=self.timeout)
+        store = dist.PrefixStore("rlx_weights", tcp)
         self._stores.append(store)  # the group keeps using it
         if self.backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()

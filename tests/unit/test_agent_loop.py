@@ -291,3 +291,12 @@ def test_agent_keys_refused_by_name(override, named):
     with pytest.raises(ValueError) as e:
         load_config([override])
     assert named in str(e.value), str(e.value)
+
+
+def test_a_function_tool_path_that_is_not_python_is_refused(tmp_path):
+    from rlx.workers.rollout.agent.tools import load_function_tools
+
+    f = tmp_path / "tools.txt"
+    f.write_text("def add(a: int, b: int) -> int:\n    return a + b\n")
+    with pytest.raises(ValueError, match=r"function_tool_path='.*tools\.txt' is not a Python file\. Fix: a \.py file"):
+        load_function_tools(str(f))

@@ -196,6 +196,14 @@ def test_a_ray_job_needs_an_absolute_save_path(monkeypatch, tmp_path):
     load_config(["global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=True"])  # no tool: no output
 
 
+def test_a_null_save_path_is_refused_where_output_is_written():
+    on = ["global_profiler.tool=torch", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=True"]
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.profiler\.save_path=None: the profiler writes "
+                                         r"its output there\. Fix: actor_rollout_ref\.actor\.profiler\.save_path="):
+        load_config(on + ["actor_rollout_ref.actor.profiler.save_path=null"])
+    load_config(["actor_rollout_ref.actor.profiler.save_path=null"])  # no tool: nothing is written
+
+
 def test_verls_profiler_keys_compose():
     """verl's example spelling (nsys/npu options set with the torch tool are inert, as in verl)."""
     cfg = load_config(["global_profiler.tool=torch", "global_profiler.steps=[1,2,5]",

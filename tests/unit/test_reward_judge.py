@@ -171,7 +171,6 @@ def test_judge_scores_known_verdicts(hf_judge, monkeypatch):
 def test_a_custom_reward_function_combines_the_judge_with_a_rule(hf_judge, monkeypatch, tmp_path):
     """judge.enable with custom_reward_function.path (verl's hybrid: its function calls the judge itself): the
     function finds the judge's score and verdict in extra_info and its return value is the reward."""
-    from rlx.config.schema import CustomRewardFunctionConfig
     from rlx.reward.judge import with_judge_results
     from rlx.reward.functions import load_reward_fn
     from rlx.reward.manager import build_reward_manager

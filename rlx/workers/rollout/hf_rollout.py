@@ -25,9 +25,10 @@ class HFRollout:
 
         from rlx.models import resolve_model_path
 
-        self.model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), torch_dtype=dtype,
-                                                          trust_remote_code=trust_remote_code,
-                                                          attn_implementation="sdpa").to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), torch_dtype=dtype,
+                                                     trust_remote_code=trust_remote_code, attn_implementation="sdpa")
+        # transformers types PreTrainedModel.to as a functools.wraps wrapper that still expects `self`
+        self.model = model.to(device).eval()  # type: ignore[arg-type]
         self.device, self.max_response_length = device, max_response_length
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.calculate_log_probs, self.micro_batch_size = calculate_log_probs, micro_batch_size

@@ -17,11 +17,15 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlx.workers.rollout_worker import _Partial
 
 
 @dataclass
 class _Live:
-    part: object  # the rollout worker's _Partial: the batch share this response belongs to
+    part: _Partial  # the rollout worker's: the batch share this response belongs to
     row: int  # the response's row in it
     resumes: int  # how many times it was paused and added again
     got: int = 0  # tokens of this request taken so far (from its deltas and from the engine's unsent ones)
@@ -36,7 +40,7 @@ class VLLMStream:
         self.engine = rollout.llm.llm_engine
         self.live: dict[str, _Live] = {}
         self.paused: list[_Live] = []
-        self.counts: collections.Counter = collections.Counter()  # since the last `take_metrics`
+        self.counts: dict[str, float] = collections.defaultdict(float)  # since the last `take_metrics`
         self.since = time.perf_counter()
 
     def take_metrics(self) -> dict:
@@ -49,7 +53,7 @@ class VLLMStream:
                "rollout/requests_per_engine_step": c["live"] / steps, "rollout/resumed_requests": float(c["resumed"]),
                "rollout/resumed_tokens": float(c["resumed_tokens"]), "timing_s/rollout/advance": c["advance_s"],
                "timing_s/rollout/add_requests": c["add_s"], "timing_s/rollout/since_last": now - self.since}
-        self.counts, self.since = collections.Counter(), now
+        self.counts, self.since = collections.defaultdict(float), now
         return out
 
     def add(self, part, rows: list[int]) -> None:
@@ -99,20 +103,21 @@ class VLLMStream:
             outs = self.engine.step()
             c["step_s"] += time.perf_counter() - t
             for out in outs:
-                x = self.live.get(out.request_id)
-                if x is None:  # an aborted request's last word
+                req = self.live.get(out.request_id)
+                if req is None:  # an aborted request's last word
                     continue
                 s = out.outputs[0]
                 ids = list(s.token_ids)
                 lps = sampled_logprobs(s, ids) if self.calc else None
-                self._take(x, ids, lps, version, sent=len(ids))
+                self._take(req, ids, lps, version, sent=len(ids))
                 if out.finished:
-                    x.part.done[x.row] = True
+                    req.part.done[req.row] = True
                     del self.live[out.request_id]
         for rid, x in self.live.items():  # what the engine made but has not sent yet
             unsent = unsent_tokens(self.engine, rid, x.sent, self.calc)
             if unsent is not None:
-                self._take(x, *unsent, version, sent=0)
+                unsent_ids, unsent_lps = unsent
+                self._take(x, unsent_ids, unsent_lps, version, sent=0)
         c["advance_s"] += time.perf_counter() - start
 
     @staticmethod

@@ -74,7 +74,7 @@ class VLLMApi:
 
 
 def api_for(version: str | Version) -> VLLMApi:
-    v = parse_version(version) if isinstance(version, str) else tuple(version)
+    v = parse_version(version) if isinstance(version, str) else version
     return VLLMApi(version=v, wake_up_reports_awake=v >= (0, 32, 0))
 
 

@@ -425,12 +425,14 @@ class VLLMRollout:
         calc_lp = bool(meta.get("calculate_log_probs", self.calculate_log_probs))
         eos = list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
         # ignore_eos: exactly max_tokens tokens, EOS included (and no EOS among the stop tokens)
+        common: dict[str, Any]
         common = dict(max_tokens=self.max_response_length, ignore_eos=self.ignore_eos,
                       stop_token_ids=[] if self.ignore_eos else [int(e) for e in eos],
                       detokenize=False, logprobs=0 if calc_lp else None, flat_logprobs=calc_lp)
         if greedy:  # vLLM requires n == 1 for greedy sampling: the n copies are made afterwards
             params = [SamplingParams(n=1, temperature=0.0, **common)] * n_prompts
             return params, n, True, calc_lp
+        base: dict[str, Any]
         base = dict(n=n, temperature=temperature, top_p=top_p, top_k=0 if top_k in (-1, 0) else top_k, **common)
         if seed is None:
             params = [SamplingParams(**base)] * n_prompts
@@ -477,7 +479,7 @@ class VLLMRollout:
                 ids = list(s.token_ids)[:R]
                 if ids:
                     responses[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-                if calc_lp:
+                if log_probs is not None:  # calc_lp
                     log_probs[row, :len(ids)] = torch.tensor(vllm_compat.sampled_logprobs(s, ids), dtype=torch.float32)
         rep_prompts = input_ids.repeat_interleave(n, dim=0)
         rep_mask = prompt_mask.repeat_interleave(n, dim=0)

@@ -96,6 +96,7 @@ def parse(text: str) -> tuple[str, list[ToolCall]]:
 
 
 def _call(m: Message) -> ToolCall:
+    assert m.recipient is not None  # a message addressed to a tool
     name = m.recipient[len(NAMESPACE):]
     if not name:
         return ToolCall(name="", error="the tool call is addressed to 'functions.' without a function name")

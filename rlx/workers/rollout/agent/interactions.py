@@ -75,11 +75,13 @@ class Gsm8kInteraction(BaseInteraction):
         return False, "Your response is incorrect! You need to reflect on your answer and try again.", score, {}
 
     async def calculate_score(self, instance_id: Optional[str] = None, **kwargs) -> float:
+        assert instance_id is not None  # verl's signature; the runner passes the id start_interaction got
         s = self._state[instance_id]
         return compute_score(s["response"], s["ground_truth"], method="strict", format_score=0.0, score=1.0)
 
     async def finalize_interaction(self, instance_id: Optional[str] = None, **kwargs) -> None:
-        self._state.pop(instance_id, None)
+        if instance_id is not None:
+            self._state.pop(instance_id, None)
 
 
 def default_name(class_name: str) -> str:

@@ -17,6 +17,7 @@ import asyncio
 import importlib
 import logging
 import os
+from typing import Callable
 
 import numpy as np
 import torch
@@ -62,6 +63,7 @@ class AgentRollout:
         self.P, self.R = int(max_prompt_length), int(max_response_length)
         agent, mt = rollout_cfg.agent, rollout_cfg.multi_turn
         self.calc = bool(rollout_cfg.calculate_log_probs)
+        self.loops: dict[str, tuple[Callable[..., AgentLoop], dict]]
         self.loops = {name: (cls, {}) for name, cls in AGENT_LOOPS.items()}
         if agent.agent_loop_config_path:
             self.loops.update(load_agent_loop_config(agent.agent_loop_config_path))

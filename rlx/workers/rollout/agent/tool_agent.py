@@ -193,6 +193,7 @@ class ToolAgentLoop(AgentLoop):
             raise ValueError(f"multi_turn.interaction_config_path is set, so every tool_agent row needs "
                              f"extra_info.interaction_kwargs.name naming one of {sorted(interactions)} (got "
                              f"{name!r}); verl's interaction rows carry it")
+        assert isinstance(kwargs, dict)  # the name came from it
         instance = uuid.uuid4().hex
         await interactions[name].start_interaction(instance, **kwargs)
         return interactions[name], instance, kwargs
@@ -243,7 +244,6 @@ class ToolAgentLoop(AgentLoop):
     def _turn_frame(self) -> tuple[list[int], list[int], Optional[int]]:
         """(ids of a rendered [user, assistant] exchange, what follows the assistant's end token there, that end
         token)."""
-        tok = self.ctx.tokenizer
         base = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
         ids = self._ids(base)
         ends = [i for i, t in enumerate(ids) if t in self._end_ids]

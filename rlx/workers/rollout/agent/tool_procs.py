@@ -59,7 +59,11 @@ def function_ref(fn, path: Optional[str] = None) -> FnRef:
     if module == "__main__" or module.startswith("rlx_function_tools_"):
         import inspect
 
-        return ("file", os.path.abspath(inspect.getsourcefile(fn)), qualname)
+        source = inspect.getsourcefile(fn)
+        if source is None:
+            raise ValueError(f"function tool {qualname!r} has no source file; sync tools run in worker processes "
+                             f"that import it from its file. Fix: define it in the function_tool_path file")
+        return ("file", os.path.abspath(source), qualname)
     return ("module", module, qualname)
 
 
@@ -94,6 +98,7 @@ class _Worker:
 
     def ended(self) -> str:
         """How the process ended (after the pipe closed)."""
+        code: Optional[int]
         try:
             code = self.proc.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
@@ -250,6 +255,7 @@ def _resolve(ref: FnRef, modules: dict):
             modules[where] = importlib.import_module(where)
         else:
             spec = importlib.util.spec_from_file_location(f"rlx_function_tools_{abs(hash(where))}", where)
+            assert spec is not None and spec.loader is not None  # a .py file the driver loaded tools from
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             modules[where] = module
@@ -279,7 +285,7 @@ def _main(in_fd: int, out_fd: int) -> None:
             os._exit(0)
         capture = _Capture(OUTPUT_LIMIT)
         try:
-            reply = ("ok", _resolve(ref, modules)(**kwargs))
+            reply = ("ok", _resolve(ref, modules)(**kwargs), "")  # the third: the output, added below
         except BaseException as e:  # noqa: BLE001 - SystemExit included: the caller gets it as the tool's error
             reply = ("error", f"{type(e).__name__}: {e}", traceback.format_exc())
         output = capture.finish(devnull)

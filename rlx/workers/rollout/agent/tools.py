@@ -29,10 +29,13 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from rlx import verl_names
 from rlx.workers.rollout.agent import tool_procs
+
+if TYPE_CHECKING:
+    from rlx.workers.rollout.agent.verl_tool import OpenAIFunctionToolSchema
 
 logger = logging.getLogger("rlx")
 VERL_TOOL_CLASSES = {"verl.tools.gsm8k_tool.Gsm8kTool": "rlx.workers.rollout.agent.gsm8k_tool.Gsm8kTool"}
@@ -46,7 +49,7 @@ class ToolResponse:
 class BaseTool:
     def __init__(self, config: dict, tool_schema: dict):
         self.config = dict(config or {})
-        self.tool_schema = tool_schema
+        self.tool_schema: dict | OpenAIFunctionToolSchema = tool_schema  # verl's tools keep the pydantic model
         self.name = tool_schema["function"]["name"]
 
     @classmethod
@@ -82,6 +85,7 @@ class FunctionTool:
         # of the rollout; each of these returns by the call's deadline
         pool = tool_procs.pool()
         deadline = time.monotonic() + timeout_s
+        assert self.ref is not None  # a sync function's
         value, output = await asyncio.get_running_loop().run_in_executor(
             pool.callers, pool.call, self.ref, dict(parameters), deadline)
         if output:
@@ -94,7 +98,7 @@ _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", 
 
 def function_tool(fn: Callable) -> Callable:
     """Mark `fn` as a tool of a `function_tool_path` file; its schema is built from the signature and docstring."""
-    fn.__rlx_tool__ = True
+    setattr(fn, "__rlx_tool__", True)  # an attribute of the function object, which mypy cannot type
     return fn
 
 
@@ -170,6 +174,9 @@ def load_function_tools(path: str) -> list[FunctionTool]:
     if not os.path.isfile(path):
         raise ValueError(f"actor_rollout_ref.rollout.multi_turn.function_tool_path={path!r} is not a file")
     spec = importlib.util.spec_from_file_location(f"rlx_function_tools_{abs(hash(path))}", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.function_tool_path={path!r} is not a Python file. "
+                         f"Fix: a .py file")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     fns = [v for v in vars(module).values() if callable(v) and getattr(v, "__rlx_tool__", False)]

@@ -50,11 +50,12 @@ class BaseTool(tools.BaseTool):
 
     def __init__(self, config: dict, tool_schema: Optional[OpenAIFunctionToolSchema]):
         self.config = config
-        self.tool_schema = tool_schema or self.get_openai_tool_schema()
-        if self.tool_schema is None:
+        schema = tool_schema or self.get_openai_tool_schema()
+        if schema is None:
             raise ValueError(f"{type(self).__name__} has no tool schema. Fix: give tool_schema in the tool YAML, or "
                              f"return one from get_openai_tool_schema().")
-        self.name = self.tool_schema.function.name
+        self.tool_schema = schema
+        self.name = schema.function.name
 
     @classmethod
     def build(cls, config: dict, tool_schema: dict) -> "BaseTool":
