@@ -11,10 +11,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # annotations only: this module imports nothing of the schema, whose section modules import it
-    from rlx.config.schema import RLXConfig
+from typing import Any
 
 MIXED_PRECISION_DEFAULTS = {
     "cuda": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
@@ -80,20 +77,20 @@ def visible_gpu_count() -> int:
     return count
 
 
-def joins_cluster(cfg: RLXConfig) -> bool:
+def joins_cluster(cfg: Any) -> bool:
     """True when the driver will join an existing Ray cluster (ray_init.address or RAY_ADDRESS) instead of starting
     a local Ray: its GPUs are then the cluster's, not necessarily this machine's."""
     return bool(cfg.ray_init.address or os.environ.get("RAY_ADDRESS"))
 
 
-def fsdp_configs(cfg: RLXConfig) -> dict:
+def fsdp_configs(cfg: Any) -> dict:
     """Every FSDP config of the tree, by key prefix."""
     return {"actor_rollout_ref.actor.fsdp_config": cfg.actor_rollout_ref.actor.fsdp_config,
             "actor_rollout_ref.ref.fsdp_config": cfg.actor_rollout_ref.ref.fsdp_config,
             "critic.model.fsdp_config": cfg.critic.model.fsdp_config}
 
 
-def cpu_fallback_note(cfg: RLXConfig, cores: int | None) -> str | None:
+def cpu_fallback_note(cfg: Any, cores: int | None) -> str | None:
     """The note for `trainer.device=auto` finding no GPU when the job asks for more workers than this machine has
     CPU cores (verl's `n_gpus_per_node=8` becoming 8 CPU processes per role on a laptop); None otherwise."""
     t = cfg.trainer
@@ -105,8 +102,8 @@ def cpu_fallback_note(cfg: RLXConfig, cores: int | None) -> str | None:
             f"CPU core(s). Set trainer.device=cuda to require GPUs, or fewer workers with trainer.n_gpus_per_node.")
 
 
-def resolve_device(cfg: RLXConfig, gpu_count=visible_gpu_count, notes: list[str] | None = None,
-                   cpu_count=os.cpu_count) -> RLXConfig:
+def resolve_device(cfg: Any, gpu_count=visible_gpu_count, notes: list[str] | None = None,
+                   cpu_count=os.cpu_count) -> Any:
     """Replace `trainer.device=auto` and unset mixed-precision keys by the device's defaults (in place). `notes`
     gets a line when auto falls back to more CPU workers than there are cores (`cpu_fallback_note`)."""
     t = cfg.trainer

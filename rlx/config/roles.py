@@ -7,12 +7,10 @@ here only (tests/unit/test_plan.py checks both).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import Any, Callable, Literal
 
 from rlx.config.device import vllm_available
 
-if TYPE_CHECKING:  # annotations only: this module imports nothing of the schema, whose section modules import it
-    from rlx.config.schema import RLXConfig
 
 Engine = Literal["vllm", "hf"]
 VLLM: Engine = "vllm"
@@ -39,7 +37,7 @@ class Roles:
     """The policy's generation engine (always; today in the actor's processes)."""
 
 
-def plan_roles(cfg: RLXConfig) -> Roles:
+def plan_roles(cfg: Any) -> Roles:
     """The roles of `cfg` (pure; valid on a config that has not passed validation, which reads them)."""
     rm = cfg.reward_model
     scores = bool(rm.enable and (not cfg.custom_reward_function.path or rm.judge.enable))
@@ -48,7 +46,7 @@ def plan_roles(cfg: RLXConfig) -> Roles:
                  judge=scores and bool(rm.judge.enable))
 
 
-def reward_model_pool(cfg: RLXConfig) -> tuple[int, int] | None:
+def reward_model_pool(cfg: Any) -> tuple[int, int] | None:
     """(nodes, GPUs per node) of the reward model's own pool (reward_model.enable_resource_pool with a reward model
     that scores; the values as given, validation checks them); None when it is colocated or there is none."""
     rm = cfg.reward_model

@@ -17,15 +17,12 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from rlx.workers.rollout_worker import _Partial
+from typing import Any
 
 
 @dataclass
 class _Live:
-    part: _Partial  # the rollout worker's: the batch share this response belongs to
+    part: Any  # the rollout worker's _Partial (not imported: the worker imports this module): the batch share
     row: int  # the response's row in it
     resumes: int  # how many times it was paused and added again
     got: int = 0  # tokens of this request taken so far (from its deltas and from the engine's unsent ones)

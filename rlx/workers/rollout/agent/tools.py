@@ -29,13 +29,10 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from rlx import verl_names
 from rlx.workers.rollout.agent import tool_procs
-
-if TYPE_CHECKING:
-    from rlx.workers.rollout.agent.verl_tool import OpenAIFunctionToolSchema
 
 logger = logging.getLogger("rlx")
 VERL_TOOL_CLASSES = {"verl.tools.gsm8k_tool.Gsm8kTool": "rlx.workers.rollout.agent.gsm8k_tool.Gsm8kTool"}
@@ -49,7 +46,7 @@ class ToolResponse:
 class BaseTool:
     def __init__(self, config: dict, tool_schema: dict):
         self.config = dict(config or {})
-        self.tool_schema: dict | OpenAIFunctionToolSchema = tool_schema  # verl's tools keep the pydantic model
+        self.tool_schema: Any = tool_schema  # a dict; verl's tools (verl_tool.py) keep the pydantic model
         self.name = tool_schema["function"]["name"]
 
     @classmethod
