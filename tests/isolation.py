@@ -13,7 +13,8 @@ Checked after every end-to-end test (tests/e2e, or marked `gpu` or `slow`), or u
   gc.collect and emptying the caching allocator, which also hands back what the test's tensors had reserved, so
   the process never sits on cached GPU memory that a later test's vLLM or subprocess needs), and the memory in
   use on each GPU, by any process, is back within GPU_SLACK of its level before the test (a Ray worker, a vLLM
-  engine or a subprocess left holding a GPU).
+  engine or a subprocess left holding a GPU). With RLX_CUDA_LEAK_TRACE=1 a leak's message also lists the blocks the
+  test allocated and left, each with the Python frames that allocated it (`leak_trace_start`; costs time, so off).
 After each module holding such tests, once its module-scoped fixtures are torn down (they may keep a process group
 or set variables for all of its tests): the same environment, process-group and Ray checks against its start.
 
@@ -218,6 +219,43 @@ def gpu_growth(before: list[int], slack: int, settle_s: float = GPU_SETTLE_S) ->
         time.sleep(1.0)
 
 
+def _live_blocks() -> dict[int, dict]:
+    """The caching allocator's live blocks by address (torch.cuda.memory._snapshot), each with its frames when
+    allocation history is recorded (RLX_CUDA_LEAK_TRACE=1)."""
+    import torch
+
+    return {b["address"]: b for seg in torch.cuda.memory._snapshot()["segments"] for b in seg["blocks"]
+            if b["state"] == "active_allocated"}
+
+
+def _where(block: dict, depth: int = 6) -> str:
+    """The Python frames that allocated `block`, innermost first (rlx's and the tests' files only, when any)."""
+    frames = [f for f in block.get("frames", []) if f.get("filename", "").endswith(".py")]
+    ours = [f for f in frames if "/rlx/" in f["filename"] or "/tests/" in f["filename"]] or frames
+    return " <- ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in ours[:depth]) or "?"
+
+
+def leak_trace_start():
+    """With RLX_CUDA_LEAK_TRACE=1 (a GPU run): record each CUDA allocation's stack from here on, and the blocks
+    already live; `leak_trace_lines` then names what a test allocated and left. Off (None) by default: the
+    recording costs time on every allocation."""
+    if os.environ.get("RLX_CUDA_LEAK_TRACE") != "1" or not cuda_in_use():
+        return None
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    return set(_live_blocks())
+
+
+def leak_trace_lines(before, most: int = 8) -> list[str]:
+    """The largest blocks allocated since `leak_trace_start` and still live, with the frames that allocated them."""
+    if before is None:
+        return []
+    gc.collect()
+    left = sorted((b for a, b in _live_blocks().items() if a not in before), key=lambda b: -b["size"])
+    return [f"  {_mib(b['size'])} ({b['size']} B) allocated at {_where(b)}" for b in left[:most]]
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
@@ -234,6 +272,7 @@ class Snapshot:
         self.gpu = gpu
         self.cuda = cuda_in_use()
         self.held = cuda_held() if gpu and self.cuda else None
+        self.trace = leak_trace_start() if gpu else None
         self.used = gpu_used() if gpu else None
 
     def leftovers(self, what: str, shared_ray: bool) -> list[str]:
@@ -259,6 +298,7 @@ class Snapshot:
                 problems.append(f"{what} left {_mib(alloc)} more CUDA memory allocated ({_mib(reserved)} more "
                                 f"reserved) on cuda:{d} in this process: a tensor outlives it (a global, a cache, a "
                                 f"module-level object, a reference cycle gc cannot free)")
+                problems.extend(leak_trace_lines(self.trace))  # with RLX_CUDA_LEAK_TRACE=1: what and where
         if self.gpu and self.used is not None:
             slack = GPU_SLACK + (CONTEXT_SLACK if cuda_in_use() and not self.cuda else 0)
             for d, extra in gpu_growth(self.used, slack).items():
