@@ -12,7 +12,7 @@ Writes ``train.parquet`` and ``test.parquet`` (for each split whose jsonl exists
 With ``--multi-turn`` the rows are verl's tool-agent rows: a system message telling the model to check its answer
 with the ``calc_gsm8k_reward`` tool, ``agent_name: tool_agent``, and
 ``extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs.ground_truth`` (the tool's ground truth), for
-``scripts/run_grpo_gsm8k_tool.sh`` (docs/agent.md).
+``examples/multiturn/run_grpo_gsm8k_tool.sh`` (docs/agent.md).
 """
 from __future__ import annotations
 

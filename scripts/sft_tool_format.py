@@ -38,7 +38,7 @@ from rlx.workers.rollout.agent.loop import LoopContext, TokenOutput  # noqa: E40
 from rlx.workers.rollout.agent.tool_agent import ToolAgentLoop  # noqa: E402
 from rlx.workers.rollout.agent.tools import load_tools  # noqa: E402
 
-TOOL_CONFIG = os.path.join(ROOT, "scripts", "config", "gsm8k_tool_config.yaml")
+TOOL_CONFIG = os.path.join(ROOT, "examples", "multiturn", "config", "tool_config", "gsm8k_tool_config.yaml")
 TOOL_NAME = "calc_gsm8k_reward"
 # A ChatML-style template with tools and a tool role, for tokenizers whose own template has neither; a turn ends with
 # the tokenizer's EOS (what stops generation), then a newline.

@@ -18,6 +18,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = "quickstart"
 
 
+def example(script: str) -> str:
+    """The path of a recipe of examples/ by its file name (`run_grpo_gsm8k.sh`), whichever algorithm folder holds it."""
+    import glob
+
+    found = glob.glob(os.path.join(REPO, "examples", "*", script))
+    assert len(found) == 1, f"{script}: {len(found)} recipes of that name under examples/ ({found})"
+    return found[0]
+
+
 def load_config(overrides=None, config_dir=None, config_name: str = QUICKSTART, validate: bool = True):
     """`rlx.config.load_config` on the quickstart job's config (`--config-name quickstart`: the tiny model, the
     synthetic task, GRPO with n=4, 2 workers), the small job most tests start from and override. Tests of the base
@@ -140,7 +149,7 @@ def _read_crash_log(root: str, rank: int) -> str:
 def pytest_addoption(parser):
     parser.addoption("--gpu-group", type=int, default=None, metavar="K",
                      help="run only group K of the GPU suite and print its table (tests/gpu_groups.py; "
-                          "scripts/gpu_suite.sh)")
+                          "tests/gpu/gpu_suite.sh)")
 
 
 def pytest_configure(config):

@@ -1,4 +1,4 @@
-"""The GPU suite (`pytest -m gpu tests`) in groups that each fit one 9-minute run: `scripts/gpu_suite.sh <k|list>`,
+"""The GPU suite (`pytest -m gpu tests`) in groups that each fit one 9-minute run: `tests/gpu/gpu_suite.sh <k|list>`,
 or `pytest -m gpu <the group's files> --gpu-group k`, which runs group k's tests only and prints a table of them
 (outcome and seconds of each, then the totals) at the very end.
 
@@ -56,13 +56,16 @@ GROUPS = {
         "tests/e2e/test_vllm_gpu.py::test_default_job_learns_with_vllm": 1,  # the same run
         "tests/e2e/test_vllm_gpu.py::test_ppo_critic_colocated_vllm_offload_memory_budget": 70,
     }),
-    3: Group("scripts/run_grpo_gsm8k.sh, 3 steps, Qwen2.5-0.5B dims", 1, ("hydra", "ray", "vllm", "gsm8k"), {
+    3: Group("examples/grpo_trainer/run_grpo_gsm8k.sh, 3 steps, Qwen2.5-0.5B dims", 1,
+             ("hydra", "ray", "vllm", "gsm8k"), {
         "tests/e2e/test_vllm_gpu.py::test_gsm8k_recipe_on_one_gpu[run_grpo_gsm8k.sh]": 200,  # 194 s measured alone
     }),
-    4: Group("scripts/run_ppo_gsm8k.sh, 3 steps, Qwen2.5-0.5B dims", 1, ("hydra", "ray", "vllm", "gsm8k"), {
+    4: Group("examples/ppo_trainer/run_ppo_gsm8k.sh, 3 steps, Qwen2.5-0.5B dims", 1,
+             ("hydra", "ray", "vllm", "gsm8k"), {
         "tests/e2e/test_vllm_gpu.py::test_gsm8k_recipe_on_one_gpu[run_ppo_gsm8k.sh]": 220,
     }),
-    5: Group("scripts/run_grpo_genrm.sh, 3 steps, 0.5B policy + 1.5B judge", 1, ("hydra", "ray", "vllm", "gsm8k"), {
+    5: Group("examples/grpo_trainer/run_grpo_genrm.sh, 3 steps, 0.5B policy + 1.5B judge", 1,
+             ("hydra", "ray", "vllm", "gsm8k"), {
         "tests/e2e/test_reward_judge_gpu.py::test_genrm_recipe_on_one_gpu": 300,
     }),
     6: Group("two GPUs: PPO + critic over 2 ranks (HF rollout); Ulysses SP=2 equals SP=1 over NCCL (fp32, exact) "
@@ -99,7 +102,7 @@ class GroupRun:
     def __init__(self, k: int):
         if k not in GROUPS:
             raise pytest.UsageError(f"--gpu-group {k}: no such group (groups: {sorted(GROUPS)}; "
-                                    f"scripts/gpu_suite.sh list)")
+                                    f"tests/gpu/gpu_suite.sh list)")
         self.k, self.group = k, GROUPS[k]
         self.items: list[str] = []
         self.skipped_files: dict[str, str] = {}  # a module skipped as a whole (importorskip) -> why
@@ -156,7 +159,7 @@ class GroupRun:
 
 
 def main(argv: list[str]) -> int:
-    """`python tests/gpu_groups.py list | files K | gpus K | needs K`: for scripts/gpu_suite.sh."""
+    """`python tests/gpu_groups.py list | files K | gpus K | needs K`: for tests/gpu/gpu_suite.sh."""
     if argv[:1] == ["list"]:
         print(listing())
         return 0

@@ -6,9 +6,9 @@ sweeps of config loads), listed in `LONG`.
 
 The rule is checked, not trusted: a test under tests/unit/ that reads as starting a process is a collection error
 naming it. That is read from the test files themselves (`ast`, nothing is imported): a test starts a process when its
-function, a fixture it takes, or a function of its module (or of a helper module of tests/ or scripts/, or the unit
-module an e2e file shares helpers with) that it calls, directly or through others, names one of `HEAVY_NAMES`
-(`fit_job`, `ray_local`, `spawn_per_strategy`, `subprocess`, `ray`, `Tracker`, ...) or asks
+function, a fixture it takes, or a function of its module (or of a helper module of tests/, scripts/ or
+benchmarks/, or the unit module an e2e file shares helpers with) that it calls, directly or through others, names one
+of `HEAVY_NAMES` (`fit_job`, `ray_local`, `spawn_per_strategy`, `subprocess`, `ray`, `Tracker`, ...) or asks
 `pytest.importorskip("vllm")`; or is listed in `E2E`, or marked `slow` or `e2e` by hand.
 
 Under `make test-fast` (RLX_TEST_FAST=1) a unit test that starts a process anyway fails, naming this file.
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-HELPER_DIRS = (TESTS, TESTS.parent / "scripts")  # where a test's own helper modules live (read, never imported)
+HELPER_DIRS = (TESTS, TESTS.parent / "scripts", TESTS.parent / "benchmarks")  # a test's helper modules (read only)
 
 # Names (a variable, an attribute, an import) whose use starts Ray or another process.
 HEAVY_NAMES = frozenset({
@@ -111,7 +111,7 @@ def _helper(module: str) -> Path | None:
 @functools.lru_cache(maxsize=None)
 def heavy_functions(path: Path) -> frozenset[str]:
     """The functions (and fixtures, methods by name) of one test file that start a process, directly or through the
-    file's other functions or the heavy functions of the helper modules (tests/, scripts/) it imports."""
+    file's other functions or the heavy functions of the helper modules (tests/, scripts/, benchmarks/) it imports."""
     if path in _READING:  # helper modules that import each other
         return frozenset()
     try:

@@ -85,7 +85,7 @@ class RolloutConfig:
     seed_each_sample: bool = True
     """rlx: seed every sample's sampling (the step's seed + its row), so each path (sync, agent loop, partial
     rollout) draws the same samples. False: vLLM's engine seed only (verl's way), and generation runs faster:
-    vLLM samples seeded requests one by one (scripts/bench_rollout_engine.py, 512 requests of a 0.5B model on one
+    vLLM samples seeded requests one by one (benchmarks/bench_rollout_engine.py, 512 requests of a 0.5B model on one
     H100: 13.4 ms per engine step seeded, 8.5 without)."""
     prompt_length: int = "${data.max_prompt_length}"  # type: ignore[assignment]
     """Follows data.max_prompt_length (any other value is an error: set data.max_prompt_length)."""

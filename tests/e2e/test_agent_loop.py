@@ -83,7 +83,7 @@ def test_prepare_gsm8k_multi_turn_rows_and_the_recipes_tool_config(tmp_path):
     assert row["agent_name"] == "tool_agent"
     assert [m["role"] for m in row["prompt"]] == ["system", "user"]
     assert row["extra_info"]["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "5"}}}
-    tools = load_tools(os.path.join(REPO, "scripts", "config", "gsm8k_tool_config.yaml"), None)
+    tools = load_tools(os.path.join(REPO, "examples/multiturn/config/tool_config/gsm8k_tool_config.yaml"), None)
     tool = tools["calc_gsm8k_reward"]
 
     async def run():

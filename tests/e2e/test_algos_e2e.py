@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, example
 
 KL = ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=low_var_kl+"]
 RUNS = {
@@ -58,8 +58,8 @@ ESTIMATORS = list(RUNS)
 
 
 def recipe_overrides(script: str) -> list[str]:
-    """The key=value arguments of a recipe in scripts/ (the lines between `main_ppo` and `"$@"`)."""
-    lines = open(os.path.join(REPO, "scripts", script)).read().split("rlx.trainer.main_ppo", 1)[1]
+    """The key=value arguments of a recipe in examples/ (the lines between `main_ppo` and `"$@"`)."""
+    lines = open(example(script)).read().split("rlx.trainer.main_ppo", 1)[1]
     lines = lines.split('"$@"', 1)[0].split("\n")
     args = [a for line in lines for a in line.replace("\\", " ").split()]
     return [a for a in args if "=" in a]
@@ -128,7 +128,7 @@ def test_each_loss_mode_trains_and_reports_verls_metrics(runs, mode):
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipes_run(runs, name):
-    """scripts/run_{drgrpo,gspo,reinforce_pp}_tiny_cpu.sh: their algorithm keys train through the entry point."""
+    """examples/*/run_{drgrpo,gspo,reinforce_pp}_tiny_cpu.sh: their algorithm keys train through the entry point."""
     keys = dict(o.split("=", 1) for o in RECIPES[name])
     key, value = {"drgrpo": ("actor_rollout_ref.actor.loss_agg_mode", "seq-mean-token-sum-norm"),
                   "gspo": ("actor_rollout_ref.actor.policy_loss.loss_mode", "gspo"),

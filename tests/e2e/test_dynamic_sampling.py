@@ -29,8 +29,8 @@ def test_grpo_with_dynamic_sampling_trains(ray_local, tmp_path):
 
 
 def test_dapo_recipe_script_runs_on_cpu(tmp_path):
-    """scripts/run_dapo_tiny_cpu.sh through the entry point (2 steps): dynamic sampling, clip-higher, token-mean,
-    the dapo manager's overlong penalty; every step logs its generation rounds."""
+    """examples/dapo_trainer/run_dapo_tiny_cpu.sh through the entry point (2 steps): dynamic sampling, clip-higher,
+    token-mean, the dapo manager's overlong penalty; every step logs its generation rounds."""
     import json
     import os
     import subprocess
@@ -39,7 +39,7 @@ def test_dapo_recipe_script_runs_on_cpu(tmp_path):
     from conftest import REPO
 
     env = dict(os.environ, PYTHON=sys.executable)
-    proc = subprocess.run(["bash", "scripts/run_dapo_tiny_cpu.sh", "trainer.total_training_steps=2",
+    proc = subprocess.run(["bash", "examples/dapo_trainer/run_dapo_tiny_cpu.sh", "trainer.total_training_steps=2",
                            "trainer.logger=[console,file]", f"trainer.default_local_dir={tmp_path}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,6 +1,6 @@
-"""Issue 39: a long run's memory is flat. scripts/memory_check.py runs the quickstart job (2 CPU workers) for 50 steps
-and records the driver's and each worker's RSS at every step; from the end of the first third (the warm-up: allocator
-pools, Ray's object store client, vLLM's CPU caches) to the end, each may grow by at most the bound below.
+"""Issue 39: a long run's memory is flat. benchmarks/memory_check.py runs the quickstart job (2 CPU workers) for 50
+steps and records the driver's and each worker's RSS at every step; from the end of the first third (the warm-up:
+allocator pools, Ray's object store client, vLLM's CPU caches) to the end, each may grow by at most the bound below.
 
 Measured (2 shared CPU cores, vLLM CPU rollout, 50 steps in ~32 s after ~20 s of start-up): driver 537 -> 540 MiB
 over the run, +1.9 MiB after step 17; workers 1019 -> 1057 and 1022 -> 1053 MiB over the run, +12.5 and +5.7 MiB
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import memory_check  # noqa: E402
 
 DRIVER_BOUND_MIB = 8.0

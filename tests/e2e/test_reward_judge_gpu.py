@@ -1,8 +1,8 @@
-"""scripts/run_grpo_genrm.sh on one GPU (vLLM 0.22 on the GPU image): GRPO on GSM8K (prepared from $RLX_GSM8K_DIR;
-skipped when unset) with random weights of Qwen2.5-0.5B dims as the policy and Qwen2.5-1.5B dims as the judge (the
-recipe's sizes), 3 steps. Every
-step's score is the judge's (reward/judge_* reported, the dumped scores the parse of the dumped verdicts), and
-the per-phase timings and GPU memory after the judge's phase are printed. Run with
+"""examples/grpo_trainer/run_grpo_genrm.sh on one GPU (vLLM 0.22 on the GPU image): GRPO on GSM8K (prepared from
+$RLX_GSM8K_DIR; skipped when unset) with random weights of Qwen2.5-0.5B dims as the policy and Qwen2.5-1.5B dims as
+the judge (the recipe's sizes), 3 steps. Every step's score is the judge's (reward/judge_* reported, the dumped
+scores the parse of the dumped verdicts), and the per-phase timings and GPU memory after the judge's phase are
+printed. Run with
     RLX_GSM8K_DIR=<dir with train.jsonl/test.jsonl> python -m pytest -m gpu tests/e2e/test_reward_judge_gpu.py -x -q -s
 """
 import importlib.util
@@ -32,8 +32,8 @@ def test_genrm_recipe_on_one_gpu(gsm8k, random_0_5b, tmp_path):  # noqa: F811
     extra = RECIPE_STEPS + ["trainer.logger=[console,file]", f"trainer.default_local_dir={tmp_path}",
                             f"trainer.rollout_data_dir={tmp_path}/rollouts", "reward_model.rollout.response_length=64",
                             "reward_model.judge.failure_score=-1"]
-    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_grpo_genrm.sh"), *extra], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=540)
+    proc = subprocess.run(["bash", os.path.join(REPO, "examples/grpo_trainer/run_grpo_genrm.sh"), *extra], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=540)
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
     steps = [json.loads(line) for line in open(tmp_path / "logs" / "metrics.jsonl") if '"timing_s/step"' in line]

@@ -12,7 +12,8 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 @pytest.mark.slow
 def test_the_tool_recipe_on_cpu_calls_the_tool(warmed, tmp_path):
-    """scripts/run_grpo_gsm8k_tool.sh as it is, with CPU overrides: HF async engine, tool agent, 2 GRPO steps."""
+    """examples/multiturn/run_grpo_gsm8k_tool.sh as it is, with CPU overrides: HF async engine, tool agent, 2 GRPO
+    steps."""
     root, _ = warmed
     r, a = "actor_rollout_ref.rollout", "actor_rollout_ref.actor"
     overrides = [
@@ -23,8 +24,8 @@ def test_the_tool_recipe_on_cpu_calls_the_tool(warmed, tmp_path):
         "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
         "trainer.logger=[console,file]", f"trainer.default_local_dir={tmp_path}/ckpt"]
     env = dict(os.environ, PYTHON=sys.executable, MODEL_PATH=str(root / "warm"), DATA_DIR=str(root / "data"))
-    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_grpo_gsm8k_tool.sh"), *overrides], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(["bash", os.path.join(REPO, "examples/multiturn/run_grpo_gsm8k_tool.sh"), *overrides],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     logs = list((tmp_path / "ckpt").rglob("metrics.jsonl"))
     assert logs, proc.stdout[-2000:]

@@ -7,10 +7,10 @@
    every step of the default job (the max is printed).
 3. The default job learns with vLLM on GPU: validation >= 0.4 after 20 steps (the same run as 2).
 4. PPO with a critic, colocated, vLLM and activation offload on both: the memory budget holds at
-   scripts/run_ppo_gsm8k.sh's gpu_memory_utilization, and vLLM really holds that share while it generates.
-5. scripts/run_grpo_gsm8k.sh and run_ppo_gsm8k.sh on one GPU, 3 steps each, on Qwen2.5-0.5B dims with random weights
-   (rlx.models.random_weights) and GSM8K prepared from $RLX_GSM8K_DIR (its train.jsonl / test.jsonl); skipped when
-   that is unset.
+   examples/ppo_trainer/run_ppo_gsm8k.sh's gpu_memory_utilization, and vLLM really holds that share while it generates.
+5. examples/grpo_trainer/run_grpo_gsm8k.sh and examples/ppo_trainer/run_ppo_gsm8k.sh on one GPU, 3 steps each, on
+   Qwen2.5-0.5B dims with random weights (rlx.models.random_weights) and GSM8K prepared from $RLX_GSM8K_DIR (its
+   train.jsonl / test.jsonl); skipped when that is unset.
 
 All of it: ~8-10 min on one H100. Run with
     python -m pytest -m gpu tests/e2e/test_vllm_gpu.py -x -q -s
@@ -26,7 +26,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, example
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -61,9 +61,9 @@ def _fit(cfg):
 
 
 def _recipe_value(script: str, key: str) -> str:
-    text = open(os.path.join(REPO, "scripts", script)).read()
+    text = open(example(script)).read()
     m = re.search(rf"^\s*{re.escape(key)}=(\S+)", text, re.M)
-    assert m, f"{key} not in scripts/{script}"
+    assert m, f"{key} not in {example(script)}"
     return m.group(1)
 
 
@@ -305,7 +305,7 @@ def test_gsm8k_recipe_on_one_gpu(script, gsm8k, random_0_5b, tmp_path):
                VLLM_ENABLE_V1_MULTIPROCESSING="0", TENSORBOARD_DIR=str(tmp_path / "tb"))
     env.pop("RAY_ADDRESS", None)
     extra = RECIPE_STEPS + ["trainer.logger=[console,file]", f"trainer.default_local_dir={tmp_path}"]
-    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", script), *extra], cwd=REPO, env=env,
+    proc = subprocess.run(["bash", example(script), *extra], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=480)
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail

@@ -328,7 +328,7 @@ def test_random_model_computes_the_buffers_to_empty_leaves_uninitialised():
 
 
 def test_bench_async_table_from_histories(monkeypatch):
-    """scripts/bench_async.py's summary of each mode's per-step metrics (means over the steps after the first) and
+    """benchmarks/bench_async.py's summary of each mode's per-step metrics (means over the steps after the first) and
     its table, from histories alone: the speed-up is sync's seconds per step over the mode's."""
     import importlib.util
 
@@ -336,7 +336,7 @@ def test_bench_async_table_from_histories(monkeypatch):
 
     for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_FLASHINFER_SAMPLER", "RAY_LOG_TO_DRIVER"):
         monkeypatch.setenv(key, "0")  # what the script sets for its jobs, put back after the test
-    spec = importlib.util.spec_from_file_location("bench_async", f"{REPO}/scripts/bench_async.py")
+    spec = importlib.util.spec_from_file_location("bench_async", f"{REPO}/benchmarks/bench_async.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
 
@@ -361,14 +361,14 @@ def test_bench_async_table_from_histories(monkeypatch):
 
 
 def test_pipeline_model_follows_the_staleness_bound():
-    """scripts/model_async.py on a case worked by hand: every response runs to the cap at a fixed cost per engine
+    """benchmarks/model_async.py on a case worked by hand: every response runs to the cap at a fixed cost per engine
     step, so a batch takes G = 4096 x 2 ms. Bound 0 (on-policy) is G + T per step; bound 1 overlaps a batch with the
     training of the one before: (G + T) / 2 while G > T, and the trainer's T once T > G."""
     import importlib.util
 
     from conftest import REPO
 
-    spec = importlib.util.spec_from_file_location("model_async", f"{REPO}/scripts/model_async.py")
+    spec = importlib.util.spec_from_file_location("model_async", f"{REPO}/benchmarks/model_async.py")
     model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(model)
     flat = model.parse_curve("1:2,512:2")

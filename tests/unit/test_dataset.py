@@ -271,5 +271,6 @@ def test_preflight_reads_the_tool_schemas_of_multi_turn():
 
     assert _tool_schemas(load_config([])) is None
     cfg = load_config(["actor_rollout_ref.rollout.multi_turn.enable=True", "data.return_raw_chat=True",
-                       f"actor_rollout_ref.rollout.multi_turn.tool_config_path={REPO}/scripts/config/gsm8k_tool_config.yaml"])
+                       "actor_rollout_ref.rollout.multi_turn.tool_config_path="
+                       f"{REPO}/examples/multiturn/config/tool_config/gsm8k_tool_config.yaml"])
     assert [s["function"]["name"] for s in _tool_schemas(cfg)] == ["calc_gsm8k_reward"]

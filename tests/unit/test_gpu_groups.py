@@ -1,5 +1,5 @@
 """tests/gpu_groups.py: every GPU test is in exactly one group, every group's entry names collected tests, and each
-group's estimate fits one run (scripts/gpu_suite.sh)."""
+group's estimate fits one run (tests/gpu/gpu_suite.sh)."""
 import os
 import subprocess
 import sys

@@ -1,7 +1,7 @@
 """scripts/sft_tool_format.py (the format warm start of the GSM8K tool recipe) on CPU: the loss mask is exactly
 the assistant's tokens of the tool agent's trajectory (hand-checked), a tiny random model learns to write a hermes
-call the parser accepts, and the recipe (scripts/run_grpo_gsm8k_tool.sh) run with the warmed model on CPU calls the
-tool through the HF async engine."""
+call the parser accepts, and the recipe (examples/multiturn/run_grpo_gsm8k_tool.sh) run with the warmed model on CPU
+calls the tool through the HF async engine."""
 import os
 import random
 import sys

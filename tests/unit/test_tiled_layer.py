@@ -297,13 +297,13 @@ def _fsdp_worker(rank: int, world: int, port: int, path: str):
         end_rank()
 
 
-# ---------------------------------------------------------------- the breakdown's census (scripts/memory_census.py)
+# ---------------------------------------------------------------- the breakdown's census (benchmarks/memory_census.py)
 def test_memory_census_per_token_classes():
     """y = exp(2 a) over n tokens of 256 float32: forward leaves exp's output for backward (1.024 KB per token);
     backward allocates exp's and mul's gradients on top; a's own storage was made outside and is not counted."""
     import sys
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sys.path.insert(0, os.path.join(repo, "scripts"))
+    sys.path.insert(0, os.path.join(repo, "benchmarks"))
     from memory_census import MemoryCensus, marginal
 
     runs = []
