@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import tempfile
 
 SHAPES: dict[str, dict] = {
@@ -155,6 +154,10 @@ def set_stop_rate(model, eos_id: int, length: int, reach: float, sequences: int 
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        sys.exit(__doc__)
-    print(random_model_dir(sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else None))
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m rlx.models.random_weights", description=__doc__.split("\n\n")[0])
+    parser.add_argument("shape", choices=sorted(SHAPES), help="the dimensions to write")
+    parser.add_argument("dir", nargs="?", default=None, help="where to write (default: rlx's model cache)")
+    args = parser.parse_args()
+    print(random_model_dir(args.shape, args.dir))
