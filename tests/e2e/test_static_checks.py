@@ -1,5 +1,5 @@
 """The static checks of the test command: mypy over rlx/ (untyped bodies checked) and ruff's pyflakes rules over
-rlx/, scripts/ and tests/, both with the settings of pyproject.toml. Any finding fails the run with the tools'
+rlx/, scripts/, benchmarks/ and tests/, both with the settings of pyproject.toml. Any finding fails the run with the tools'
 own output. Both tools come with the `test` extra (`make test` installs it)."""
 from __future__ import annotations
 
@@ -31,6 +31,6 @@ def test_mypy_finds_nothing():
 
 def test_ruff_pyflakes_finds_nothing():
     """`ruff check` with pyproject.toml's [tool.ruff] (F: undefined names, unused imports and variables)."""
-    out = _run("ruff", "check", "--output-format", "concise", "rlx", "scripts", "tests")
+    out = _run("ruff", "check", "--output-format", "concise", "rlx", "scripts", "benchmarks", "tests")
     if out.returncode != 0:
         pytest.fail(f"ruff found problems (settings: pyproject.toml [tool.ruff]):\n{out.stdout}{out.stderr}", False)
