@@ -3,11 +3,15 @@
 
     # on the GPU machine, one call: train the job a few steps, then a fresh vLLM engine alone, then the table
     python scripts/bench_floor.py --train-steps 5 --vllm-alone <the job's key=value overrides>
+    DATA_DIR=~/data/gsm8k python scripts/bench_floor.py --recipe scripts/run_grpo_qwen_coder_gsm8k.sh \
+        --train-steps 6 --vllm-alone [key=value ...]       # a recipe script's job, with more keys on top
     # an existing run's metrics (no GPU): trainer.logger=[console,file] wrote <default_local_dir>/logs/metrics.jsonl
     python scripts/bench_floor.py --metrics run/logs/metrics.jsonl --model-config qwen2.5-0.5b --gpu H100
     python scripts/bench_floor.py --metrics run/logs/metrics.jsonl <the job's overrides>   # dims from model.path
 
-The overrides are `python -m rlx.trainer.main_ppo`'s (with --config-name, e.g. quickstart). Modes:
+The overrides are `python -m rlx.trainer.main_ppo`'s (with --config-name, e.g. quickstart); `--recipe SCRIPT` takes
+those a recipe script passes to main_ppo (the script runs with $PYTHON a stand-in that only records its arguments;
+nothing trains), and the command line's come after them (the last value of a key wins). Modes:
 - metrics (`--metrics PATH`, or the job's `<default_local_dir>/logs/metrics.jsonl`): measured seconds are the mean
   over the steps of a run after its first `--skip` (a file a resumed run appended to holds several runs: each run's
   first steps are dropped); the launch split (`timing_s/launch/*`, rlx.trainer.phases.LAUNCH) is read from the first
@@ -341,7 +345,7 @@ def matmul_tflops(n: int = 8192, iters: int = 20) -> float:
 
 
 # ---- the job and vLLM alone (they start processes or engines) --------------------------------------------------
-def train_job(args, out: str) -> str:
+def train_job(args, cfg, out: str) -> str:
     """Run the job `--train-steps` steps in a fresh folder under `out`; returns its metrics.jsonl."""
     import subprocess
 
@@ -351,6 +355,8 @@ def train_job(args, out: str) -> str:
     cmd += args.overrides + [f"trainer.total_training_steps={args.train_steps}", "trainer.logger=[console,file]",
                              f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable",
                              "trainer.save_freq=-1"]
+    cmd += [f"trainer.{key}={os.path.join(run_dir, key)}" for key in ("validation_data_dir", "rollout_data_dir")
+            if getattr(cfg.trainer, key)]  # the job's samples, when it keeps them: in the run folder
     log = os.path.join(out, "job.log")
     print(f"bench_floor: training {args.train_steps} steps; the job's output goes to {log}", flush=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
@@ -417,6 +423,33 @@ def vllm_alone(cfg, batches: int) -> dict:
                 tokens=tokens, tokens_per_s=tokens / seconds, build_s=build_s)
 
 
+def recipe_overrides(script: str) -> list[str]:
+    """The arguments the recipe `script` gives `python -m rlx.trainer.main_ppo` (its $PYTHON a stand-in that writes
+    them to a file; the script's other uses of $PYTHON do nothing)."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="bench_floor-recipe-") as tmp:
+        shim = os.path.join(tmp, "python")
+        with open(shim, "w") as f:  # one file per call, each argument ended by a NUL
+            f.write(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > {tmp}/call.$$\n")
+        os.chmod(shim, 0o755)
+        proc = subprocess.run(["bash", script], env=dict(os.environ, PYTHON=shim), capture_output=True, text=True)
+        runs = []
+        for name in sorted(os.listdir(tmp)):
+            if name.startswith("call."):
+                with open(os.path.join(tmp, name)) as f:
+                    runs.append(f.read().split("\0")[:-1])
+    if proc.returncode != 0 or not runs:
+        raise ValueError(f"--recipe {script}: the script failed (exit {proc.returncode}) or never ran $PYTHON: "
+                         f"{proc.stderr.strip()[-500:]}. Fix: a recipe that runs \"$PYTHON\" -m "
+                         f"rlx.trainer.main_ppo, with its environment set (e.g. DATA_DIR)")
+    for argv in runs:
+        if argv[:2] == ["-m", "rlx.trainer.main_ppo"]:
+            return argv[2:]
+    raise ValueError(f"--recipe {script}: the script never ran $PYTHON -m rlx.trainer.main_ppo. Fix: give the "
+                     f"job's key=value overrides instead")
+
+
 def job_of(cfg) -> Job:
     t, arr = cfg.trainer, cfg.actor_rollout_ref
     return Job(gpus=t.nnodes * t.n_gpus_per_node, actor_epochs=arr.actor.ppo_epochs,
@@ -427,6 +460,7 @@ def parse(argv: list[str] | None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="Anything else: the job's key=value overrides (as main_ppo takes them).")
     p.add_argument("--metrics", help="a run's metrics.jsonl (default: the job's, or the --train-steps run's)")
+    p.add_argument("--recipe", help="a recipe script: the overrides it passes to main_ppo come first")
     p.add_argument("--train-steps", type=int, help="train the job this many steps first and read its metrics")
     p.add_argument("--vllm-alone", action="store_true", help="measure the generation floor (vLLM alone)")
     p.add_argument("--alone-batches", type=int, default=3, help="batches vLLM alone generates; the first warms up")
@@ -440,6 +474,14 @@ def parse(argv: list[str] | None):
     p.add_argument("--config-name", "-cn", help="the config to compose (main_ppo's --config-name)")
     p.add_argument("--out", help="where --train-steps writes its run (default: a new temporary folder)")
     args, overrides = p.parse_known_args(argv)
+    if args.recipe:
+        recipe = recipe_overrides(args.recipe)
+        for flag in ("--config-name", "-cn"):  # a recipe's own config
+            if flag in recipe:
+                at = recipe.index(flag)
+                args.config_name = args.config_name or recipe[at + 1]
+                del recipe[at:at + 2]
+        overrides = recipe + overrides
     bad = [o for o in overrides if o.startswith("-") or "=" not in o]
     if bad:
         p.error(f"unknown arguments {bad} (overrides are key=value)")
@@ -460,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.overrides, config_name=args.config_name or "ppo_trainer")
     metrics = args.metrics
     if args.train_steps:
-        metrics = train_job(args, args.out or tempfile.mkdtemp(prefix="bench_floor-"))
+        metrics = train_job(args, cfg, args.out or tempfile.mkdtemp(prefix="bench_floor-"))
     elif metrics is None:
         metrics = os.path.join(cfg.trainer.default_local_dir, "logs", "metrics.jsonl")
     alone = vllm_alone(cfg, args.alone_batches) if args.vllm_alone else None

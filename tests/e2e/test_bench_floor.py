@@ -71,3 +71,26 @@ def test_train_then_vllm_alone_then_the_table(tmp_path):
     assert rows["step"][0] == bench_floor._s(step2["timing_s/step"]) and rows["step"][2] != "-"
     assert rows["launch: total"][0] == bench_floor._s(launch["total"])
     assert rows["launch: rollout_engine"][1].endswith("(vLLM alone's build)")
+
+
+def test_recipe_keys_then_the_command_lines_on_an_existing_runs_metrics(tmp_path, monkeypatch):
+    """--recipe: the keys the recipe script passes to main_ppo (with its environment), the command line's after
+    them; --metrics: an existing run's file, no GPU (two GPUs here: each brings its own peak)."""
+    from unit.test_bench_floor import _step
+
+    recipe = os.path.join(REPO, "scripts", "run_grpo_qwen_coder_gsm8k.sh")
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "gsm8k"))
+    keys = bench_floor.recipe_overrides(recipe)
+    assert f"data.train_files={tmp_path}/gsm8k/train.parquet" in keys and "actor_rollout_ref.rollout.n=8" in keys
+    assert keys[-1] == "trainer.total_training_steps=60"
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [_step(1, 100.0), _step(2, 1.0), _step(3, 2.0)]) + "\n")
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_floor.py"), "--recipe", recipe,
+                           "--metrics", str(path), "--model-config", "qwen2.5-0.5b", "--gpu", "NVIDIA H100 80GB HBM3",
+                           "trainer.n_gpus_per_node=2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "NVIDIA H100 80GB HBM3 x 2, bf16 dense peak 989 TFLOP/s (H100 spec sheet, by --gpu)" in proc.stdout
+    # steps 2 and 3: 1.5 s of old log-prob on 2 GPUs
+    assert "| old log-prob (forward) | 1.50 s (63.97 TFLOP/s, 6.5% of peak) | 0.19 s (1.92e+14 FLOP) | 7.73 |" \
+        in proc.stdout, proc.stdout
