@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -374,8 +373,6 @@ def vllm_alone(cfg, batches: int) -> dict:
     docstring): prompts, n, tokens and seconds per batch, tokens/s, the engine's build seconds."""
     import dataclasses
 
-    import torch
-
     from rlx.data.custom import build_dataset
     from rlx.data.dataset import PromptLoader
     from rlx.workers.rollout import build_rank_engine
@@ -393,9 +390,17 @@ def vllm_alone(cfg, batches: int) -> dict:
         raise ValueError(f"--vllm-alone runs one engine on one GPU: actor_rollout_ref.rollout."
                          f"tensor_model_parallel_size={tp}. Fix: a job with tensor_model_parallel_size=1")
     engines = t.nnodes * t.n_gpus_per_node
-    device = torch.device("cuda" if t.device == "cuda" else "cpu")
+    import socket
+
+    import torch.distributed as dist
     import vllm  # noqa: F401 - imported before the clock starts: the build alone is timed
 
+    from rlx.engine.fsdp import init_distributed
+
+    with socket.socket() as sock:  # this process a 1-rank group, as an actor worker's engine lives in one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    device = init_distributed(t.device, rank=0, world_size=1, master_addr="127.0.0.1", master_port=port)
     start = time.perf_counter()
     # no sleep mode (nothing else shares the GPU) and the model's own weights (nothing is synced in)
     alone_cfg = dataclasses.replace(r, free_cache_engine=False, load_format="auto")
@@ -416,6 +421,7 @@ def vllm_alone(cfg, batches: int) -> dict:
                   flush=True)
     finally:
         rollout.shutdown()
+        dist.destroy_process_group()
     measured = results[1:] if len(results) > 1 else results
     seconds = sum(s for s, _, _ in measured) / len(measured)
     tokens = sum(k for _, k, _ in measured) / len(measured)

@@ -202,7 +202,6 @@ def run_lock(cfg: RLXConfig):
 
 def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
     import signal
-
     import time
 
     import ray
