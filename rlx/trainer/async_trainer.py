@@ -258,8 +258,10 @@ class AsyncPPOTrainer(RayPPOTrainer):
         from rlx.workers.rollout_worker import RolloutGroup
 
         # the rollout's engines first: vLLM sizes its KV cache from free GPU memory
-        self.rollouts = RolloutGroup(self.place(ROLLOUT_GROUP), self.cfg, self.plan)
-        self.rollouts.init_model()
+        with self.launch.phase("workers"):
+            self.rollouts = RolloutGroup(self.place(ROLLOUT_GROUP), self.cfg, self.plan)
+        with self.launch.phase("rollout_engine"):
+            self.rollouts.init_model()
         assert self.plan.async_ is not None  # checked in __init__
         self.pump = self.rollouts.segment_pump(self.plan.async_.segment, self.gate.rollout_call)
         super().init_workers()  # the actor (and ref) and the critic on the trainer pool

@@ -202,10 +202,12 @@ def run_lock(cfg: RLXConfig):
 
 def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
     import signal
+    import time
 
     import ray
 
     from rlx.trainer import console
+    from rlx.trainer.phases import process_age_s
     from rlx.trainer.ppo_trainer import RayPPOTrainer
 
     if plan.rollout.note:
@@ -215,6 +217,8 @@ def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
     console.drop_known_harmless_warnings()
     trainer: RayPPOTrainer | None = None
     try:
+        before_ray = process_age_s()
+        start = time.perf_counter()
         try:
             init_ray(cfg, plan)
         except SystemExit as e:  # Ray's own SIGTERM handler, while Ray started
@@ -223,6 +227,7 @@ def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
             raise Terminated() from None
         finally:
             reclaim_sigterm()
+        ray_init = time.perf_counter() - start
         console.announce_worker_logs()
         if plan.async_ is not None:  # the rollout on GPUs of its own, overlapped with training
             from rlx.trainer.async_trainer import AsyncPPOTrainer
@@ -233,6 +238,8 @@ def _run_locked(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs):
                      ", partial rollout" if plan.async_.partial_rollout else "")
         else:
             trainer = RayPPOTrainer(cfg, plan, inputs)
+        trainer.launch.add("before_ray", before_ray)
+        trainer.launch.add("ray_init", ray_init)
         trainer.history = trainer.fit()
     except (Terminated, KeyboardInterrupt) as e:
         setattr(e, "step", trainer.global_step if trainer is not None else None)  # a KeyboardInterrupt's too

@@ -5,13 +5,16 @@
 prints one row per step: seconds per phase (`timing_s/*`: the rollout's wake / weight sync / generate / sleep inside
 `gen`, then reward, old log-prob, ref, values, advantages, the updates, validation, checkpoint, and what is left of
 the step), the rollout's generated tokens per second, and, on CUDA, the GPU memory in use after each phase
-(`perf/gpu_memory_gib/after_*`, device-wide).
+(`perf/gpu_memory_gib/after_*`, device-wide), then where the launch went (`timing_s/launch/*`, on the first step a
+process trains: `LaunchTiming`).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
+from contextlib import contextmanager
 
 ROLLOUT = ("rollout/wake", "rollout/sync", "rollout/generate", "rollout/sleep")
 """Parts of `gen` measured in the actor worker."""
@@ -21,6 +24,58 @@ PHASES = ("gen", "gen_baseline", "reward", "old_log_prob", "ref", "values", "adv
 MEMORY = ("sync", "wake", "generate", "sleep", "old_log_prob", "ref", "values", "update_critic", "update_actor")
 """`perf/gpu_memory_gib/after_<phase>`, in the order the phases run."""
 TOKENS_PER_S = "perf/rollout/generated_tokens_per_s"
+LAUNCH = ("before_ray", "ray_init", "trainer", "workers", "init_actor", "rollout_engine", "init_critic",
+          "init_reward_model", "loggers", "resume", "validation")
+"""The launch's phases, in order (`timing_s/launch/<phase>`): the process's start to `ray.init` (imports, config,
+preflight: data, tokenizer, model checks), `ray.init`, the driver's trainer (loaders, reward), the worker processes'
+start and rendezvous, each role's model build (`rollout_engine`: the rollout engines' build; colocated, the part of
+`init_actor` the actor workers spent on it, slowest rank; an async run's rollout workers, before the actor's),
+the loggers, the checkpoint load and the validation before training. `timing_s/launch/total`: the process's start to
+its first training step."""
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (the OS's record of its start)."""
+    import psutil
+
+    return max(0.0, time.time() - psutil.Process().create_time())
+
+
+class LaunchTiming:
+    """The driver's launch phases (`LAUNCH`), logged once as `timing_s/launch/*` with the first step this process
+    trains (a resumed run: its first step after the resume)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.total: float | None = None
+        self.reported = False
+
+    def add(self, phase: str, seconds: float) -> None:
+        assert phase in LAUNCH, phase
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + float(seconds)
+
+    @contextmanager
+    def phase(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(phase, time.perf_counter() - start)
+
+    def first_step_starts(self) -> None:
+        """The launch is over: its total is the process's age now."""
+        if self.total is None:
+            self.total = process_age_s()
+
+    def metrics(self) -> dict[str, float]:
+        """`timing_s/launch/*` the first time (then nothing)."""
+        if self.reported:
+            return {}
+        self.reported = True
+        out = {f"timing_s/launch/{k}": v for k, v in self.seconds.items()}
+        if self.total is not None:
+            out["timing_s/launch/total"] = self.total
+        return out
 
 
 def read(path: str) -> list[dict]:
@@ -68,6 +123,14 @@ def render(records: list[dict]) -> str:
                  for r in records]
         out += ["", f"GPU memory in use after each phase, GiB (device-wide, of {total:.1f})",
                 _table(["step"] + memory, mrows)]
+    launch = [r for r in records if "timing_s/launch/total" in r]
+    if launch:
+        phases = [p for p in LAUNCH if any(f"timing_s/launch/{p}" in r for r in launch)]
+        lrows = [[str(r.get("step", "?"))] + [_num(r.get(f"timing_s/launch/{p}"), ".1f") for p in phases + ["total"]]
+                 for r in launch]
+        out += ["", "seconds from the process's start to its first step (rollout_engine: part of init_actor when "
+                    "colocated)",
+                _table(["step"] + phases + ["total"], lrows)]
     return "\n".join(out)
 
 

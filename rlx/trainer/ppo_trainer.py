@@ -19,6 +19,7 @@ from rlx.algos.probs_diff import rollout_probs_diff
 from rlx.config.schema import RLXConfig
 from rlx.plan import ACTOR_GROUP, CRITIC_GROUP, REWARD_MODEL_GROUP, JobPlan
 from rlx.protocol import Batch
+from rlx.trainer.phases import LaunchTiming
 from rlx.trainer.profiling import StepProfiling
 from rlx.trainer.stopping import SkippedStepGuard, TrainingStopped
 from rlx.trainer.dynamic_sampling import DynamicSampling, NotEnoughGroups
@@ -57,6 +58,8 @@ class RayPPOTrainer:
         from rlx.reward.manager import build_reward_manager
         from rlx.trainer.preflight import preflight
 
+        start = time.perf_counter()
+        self.launch = LaunchTiming()  # the launch's phases, logged with the first step (rlx.trainer.phases)
         inputs = inputs or preflight(cfg, plan)
         self.cfg, self.plan = cfg, plan
         arr, data = cfg.actor_rollout_ref, cfg.data
@@ -92,6 +95,7 @@ class RayPPOTrainer:
         self.rm: RewardModelGroup | None = None
         self.history: list[dict] = []  # what fit() returned (rlx.trainer.launch keeps it here)
         self._placed: dict[str, ResourcePool] = {}  # the pools placed so far, by name (place())
+        self.launch.add("trainer", time.perf_counter() - start)
 
     # ---- setup ----------------------------------------------------------------------------------------
     def init_workers(self) -> None:
@@ -100,15 +104,20 @@ class RayPPOTrainer:
         from rlx.workers.reward_model_worker import RewardModelGroup
 
         roles = self.plan.roles
-        self.actor = ActorGroup(self.place(ACTOR_GROUP), self.cfg, self.plan)
-        self.critic = CriticGroup(self.place(CRITIC_GROUP), self.cfg, self.plan) if roles.critic else None
-        self.rm = RewardModelGroup(self.place(REWARD_MODEL_GROUP), self.cfg, self.plan) if roles.reward_model else None
+        with self.launch.phase("workers"):
+            self.actor = ActorGroup(self.place(ACTOR_GROUP), self.cfg, self.plan)
+            self.critic = CriticGroup(self.place(CRITIC_GROUP), self.cfg, self.plan) if roles.critic else None
+            self.rm = (RewardModelGroup(self.place(REWARD_MODEL_GROUP), self.cfg, self.plan) if roles.reward_model
+                       else None)
         # actor (and its vLLM engine) first: vLLM sizes its KV cache from a GPU no other process is filling
-        self.actor.init_model(self.total_steps)
+        with self.launch.phase("init_actor"):
+            self.launch.add("rollout_engine", self.actor.init_model(self.total_steps))
         if self.critic is not None:
-            self.critic.init_model(self.total_steps)
+            with self.launch.phase("init_critic"):
+                self.critic.init_model(self.total_steps)
         if self.rm is not None:
-            self.rm.init_model()
+            with self.launch.phase("init_reward_model"):
+                self.rm.init_model()
 
     def place(self, group: str) -> ResourcePool:
         """The resource pool of worker group `group`, placed when the first group of its pool starts: the plan's
@@ -138,16 +147,20 @@ class RayPPOTrainer:
         if self.actor is None:
             self.init_workers()
         log_dir = os.path.join(self.cfg.trainer.default_local_dir, "logs")
-        self.tracker = Tracker(self.cfg, log_dir)
+        with self.launch.phase("loggers"):
+            self.tracker = Tracker(self.cfg, log_dir)
         self.profiling = StepProfiling(self.cfg.global_profiler, [self.actor, self.critic], self.total_steps)
         history: list[dict] = []
-        self.resume()
+        with self.launch.phase("resume"):
+            self.resume()
         self.before_training()
         if self.cfg.trainer.val_before_train or self.cfg.trainer.val_only:
-            self.tracker.log(self.validate(), step=self.global_step)
+            with self.launch.phase("validation"):
+                self.tracker.log(self.validate(), step=self.global_step)
         if self.cfg.trainer.val_only:
             self.tracker.close()
             return history
+        self.launch.first_step_starts()
         with self.stepping():
             self._steps(history)
         self.tracker.close()
@@ -159,6 +172,7 @@ class RayPPOTrainer:
             self.global_step += 1
             with self.profiling.step(self.global_step):  # global_profiler.steps: the workers trace this one
                 metrics = self.next_step()
+                metrics.update(self.launch.metrics())  # the first step of this process: where the launch went
                 if self._due(self.cfg.trainer.test_freq) or self.global_step == self.total_steps:
                     metrics.update(self.validate())
                 if self._due(self.cfg.trainer.save_freq) or (self.cfg.trainer.save_freq > 0

@@ -31,7 +31,11 @@ class ActorRolloutRefWorker(Worker):
     def process_group_timeout_s(self) -> float:
         return self.cfg.actor_rollout_ref.nccl_timeout
 
-    def init_model(self, total_steps: int) -> None:
+    def init_model(self, total_steps: int) -> float:
+        """Build the actor (and the ref, and the rollout engine when colocated); returns the seconds the rollout
+        engine took to build (0 without one)."""
+        import time
+
         from rlx.engine.actor import ActorEngine
         from rlx.engine.base import role_micro_batch_tokens
         from rlx.engine.lora import lora_enabled
@@ -63,9 +67,11 @@ class ActorRolloutRefWorker(Worker):
 
             self.rollout, self.agent, self.tokenizer = None, None, build_tokenizer(self.cfg)
             self.transfer: WeightTransfer | None = None
-        else:
-            self.rollout = self._build_rollout(self.plan.rollout.engine)
-            self.agent = self._build_agent_rollout()
+            return 0.0
+        start = time.perf_counter()
+        self.rollout = self._build_rollout(self.plan.rollout.engine)
+        self.agent = self._build_agent_rollout()
+        return time.perf_counter() - start
 
     def _build_rollout(self, engine: str):
         """This rank's rollout engine (`engine`: the plan's, vllm | hf) and the tokenizer."""
@@ -208,8 +214,9 @@ class ActorGroup(WorkerGroup):
         self.ref_sp = cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size
         self.rollout_tp = plan.rollout.tensor_parallel_size
 
-    def init_model(self, total_steps: int) -> None:
-        self.run_all(ActorRolloutRefWorker.init_model, total_steps)
+    def init_model(self, total_steps: int) -> float:
+        """Build every rank's models; returns the seconds the slowest rank's rollout engine took to build."""
+        return max(self.run_all(ActorRolloutRefWorker.init_model, total_steps))
 
     def generate(self, prompts: Batch) -> Batch:
         """Responses to `prompts` (split over the rollout's data-parallel groups: runs of the plan's

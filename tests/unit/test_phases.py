@@ -73,3 +73,32 @@ def test_worker_phase_measurement_on_cuda_and_cpu(monkeypatch):
     with w.measured("old_log_prob", cpu):
         pass
     assert list(cpu) == ["timing_s/rollout/generate"] and calls == ["sync"] * 3
+
+
+def test_launch_timing_is_logged_once_and_shown(tmp_path, capsys):
+    """`LaunchTiming`: phases summed when repeated, the total the process's age when the first step starts, all of
+    it on the first step only; the phase view prints the split of each run that logged one."""
+    import time
+
+    launch = phases.LaunchTiming()
+    with launch.phase("workers"):
+        time.sleep(0.01)
+    launch.add("workers", 1.0)
+    launch.add("ray_init", 2.0)
+    launch.first_step_starts()
+    age = phases.process_age_s()
+    first = launch.metrics()
+    assert set(first) == {"timing_s/launch/workers", "timing_s/launch/ray_init", "timing_s/launch/total"}
+    assert 1.01 <= first["timing_s/launch/workers"] < 2.0 and first["timing_s/launch/ray_init"] == 2.0
+    assert 0 < first["timing_s/launch/total"] <= age  # the process's age, taken when the first step started
+    assert launch.metrics() == {}  # logged once
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [{**STEP, **first}, {**STEP, "step": 2}]) + "\n")
+    assert phases.main([str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("seconds from the process's start to its first step (rollout_engine: part of init_actor when "
+                   "colocated)")
+    assert out[at + 1].split() == ["step", "ray_init", "workers", "total"]
+    assert out[at + 2].split() == ["1", "2.0", f"{first['timing_s/launch/workers']:.1f}",
+                                   f"{first['timing_s/launch/total']:.1f}"]
+    assert len(out) == at + 3  # only the step that logged it

@@ -31,7 +31,7 @@ def test_skipped_steps_are_counted_and_stop_the_run(caplog):
 
 _SIGTERM_AT = r'''
 import os, signal, sys, time
-from rlx.trainer import launch, main_ppo, ppo_trainer, preflight
+from rlx.trainer import launch, main_ppo, phases, ppo_trainer, preflight
 
 where = sys.argv[1]
 
@@ -56,6 +56,7 @@ def init_ray(cfg, plan):
 class Trainer:  # stands in for the workers: the signal's timing is what is tested
     def __init__(self, *args):
         self.global_step, self.val_history = 3, []
+        self.launch = phases.LaunchTiming()  # launch.run records ray.init's time in it
 
     def fit(self):
         if where == "c_code":  # the handler's exception met C code: it surfaces as a SystemError (issue 39)
