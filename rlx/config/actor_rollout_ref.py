@@ -46,6 +46,8 @@ def check_batch_sizes(cfg, errors):
         errors.append(f"trainer.nnodes * trainer.n_gpus_per_node must be >= 1, got {ws}. Fix: trainer.nnodes=1 "
                       f"trainer.n_gpus_per_node=<GPUs (or CPU workers) per node>.")
         return
+    if tbs <= 0:
+        return  # data.check_data says it, plainly; the sizes below divide it
     if (tbs * n) % ws:
         errors.append(f"data.train_batch_size * actor_rollout_ref.rollout.n = {tbs}*{n} = {tbs * n} sequences do not "
                       f"divide across world size {ws} (trainer.nnodes * trainer.n_gpus_per_node). Fix: choose sizes so "
@@ -56,7 +58,11 @@ def check_batch_sizes(cfg, errors):
         roles.append(("critic", cfg.critic))
     for prefix, role in roles:
         mini, micro = role.ppo_mini_batch_size, role.ppo_micro_batch_size_per_gpu
-        if mini <= 0 or tbs % mini:
+        if mini <= 0:
+            errors.append(f"{prefix}.ppo_mini_batch_size={mini} must be a positive integer (prompts per optimizer "
+                          f"step). Fix: {prefix}.ppo_mini_batch_size=<a divisor of data.train_batch_size={tbs}>.")
+            continue
+        if tbs % mini:
             errors.append(f"{prefix}.ppo_mini_batch_size={mini} must be positive and divide data.train_batch_size="
                           f"{tbs}. Fix: {prefix}.ppo_mini_batch_size among the divisors of {tbs}.")
             continue

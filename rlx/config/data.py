@@ -84,10 +84,15 @@ class DataConfig:
 
 
 def check_data(cfg, errors):
-    """The lengths and the batch are positive (data.truncation is a declared choice)."""
-    for key in ("data.max_prompt_length", "data.max_response_length", "data.train_batch_size"):
+    """The batch and the lengths are positive (data.truncation is a declared choice). Runs before the batch-size
+    rules, which read data.train_batch_size only once it is positive."""
+    for key in ("data.train_batch_size", "data.max_prompt_length", "data.max_response_length"):
         if get_key(cfg, key) <= 0:
-            errors.append(f"{key} must be positive, got {get_key(cfg, key)}. Fix: {key}=<a positive integer>.")
+            errors.append(f"{key}={get_key(cfg, key)} must be a positive integer. Fix: {key}=<a positive integer>.")
+    val = cfg.data.val_batch_size
+    if val is not None and val <= 0:
+        errors.append(f"data.val_batch_size={val} must be a positive integer, or null (the whole validation set at "
+                      f"once). Fix: data.val_batch_size=null.")
 
 
 def check_data_keys(cfg, errors):

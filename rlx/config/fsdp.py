@@ -84,13 +84,16 @@ class CheckpointContents:
 
 
 def check_strategies(cfg, errors):
-    for key in ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy"):
+    """The strategy of each role the job builds (a GRPO job has no critic, a job without a KL term no ref: their
+    keys, which follow the actor's, are not theirs to fix)."""
+    roles = [role for role, _ in built_roles(cfg)]
+    for key in (f"{role}.strategy" for role in roles):
         value = get_key(cfg, key)
         if value not in STRATEGIES:
             errors.append(f"{key}={value!r} is not supported; rlx trains with fsdp or fsdp2. Fix: {key}=fsdp2.")
-    for strategy_key, prefix in (("actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.fsdp_config"),
-                                 ("actor_rollout_ref.ref.strategy", "actor_rollout_ref.ref.fsdp_config"),
-                                 ("critic.strategy", "critic.model.fsdp_config")):
+    fsdp_configs = {"actor_rollout_ref.actor": "actor_rollout_ref.actor.fsdp_config",
+                    "actor_rollout_ref.ref": "actor_rollout_ref.ref.fsdp_config", "critic": "critic.model.fsdp_config"}
+    for strategy_key, prefix in ((f"{role}.strategy", fsdp_configs[role]) for role in roles):
         engine_strategy = get_key(cfg, f"{prefix}.strategy")  # verl replaces it by the role's strategy: only checked
         if engine_strategy not in VERL_ENGINE_STRATEGIES:
             errors.append(f"{prefix}.strategy={engine_strategy!r} is not one of verl's {list(VERL_ENGINE_STRATEGIES)} "

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlx.config.config_path import CONFIG_DIR as CONFIG_DIR, locate  # CONFIG_DIR: re-exported
 from rlx.config.schema import RLXConfig
+from rlx.config.value_types import value_type_error
 
 
 def _schema_keys(cls=RLXConfig, prefix: str = "") -> tuple[set[str], set[str]]:
@@ -244,8 +245,7 @@ def to_typed(cfg: DictConfig, notes: list[str] | None = None) -> RLXConfig:
         OmegaConf.resolve(merged)
         typed = OmegaConf.to_object(merged)
     except Exception as e:  # omegaconf's errors name the key; re-raise as the user error it is
-        key = getattr(e, "full_key", None)
-        raise ValueError(f"Invalid config value{f' for {key!r}' if key else ''}: {e}") from None
+        raise value_type_error(e, merged, RLXConfig) from None
     assert isinstance(typed, RLXConfig)  # the object of a structured config: its dataclass
     return typed
 
@@ -259,9 +259,8 @@ def merge_schema(cfg: DictConfig) -> DictConfig:
             OmegaConf.update(cfg, key, [value], force_add=True)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RLXConfig), cfg)
-    except Exception as e:  # omegaconf's errors name the key; re-raise as the user error it is
-        full_key = getattr(e, "full_key", None)
-        raise ValueError(f"Invalid config value{f' for {full_key!r}' if full_key else ''}: {e}") from None
+    except Exception as e:  # omegaconf's errors name the key: one line with the type it takes and the fix
+        raise value_type_error(e, cfg, RLXConfig) from None
     assert isinstance(merged, DictConfig)  # a structured config merged with a mapping
     return merged
 

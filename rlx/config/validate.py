@@ -23,6 +23,7 @@ RULES: tuple[Callable[[RLXConfig, list[str]], None], ...] = (
     verl_compat.check_not_supported,
     model.check_offload,
     fsdp.check_strategies,
+    data.check_data,  # a non-positive data.train_batch_size, said before the sizes that divide it
     actor_rollout_ref.check_batch_sizes,
     model.check_long_sequences,
     model.check_sequence_parallel,
@@ -39,7 +40,6 @@ RULES: tuple[Callable[[RLXConfig, list[str]], None], ...] = (
     reward_model.check_reward_model,
     judge.check_judge,
     algorithm.check_sampling,
-    data.check_data,
     trainer.check_trainer,
     data.check_data_keys,
     profiler.check_profiler,

@@ -222,7 +222,10 @@ def check_not_supported(cfg, errors):
         sp_key = sp_name or "(no sequence parallelism: 1)"
         sp, ws = get_key(cfg, sp_name) if sp_name else 1, world_size(cfg)
         dp = data_parallel_size(ws, sp)
-        if dp is None:
+        if value <= 0:
+            errors.append(f"{key}={value} must be a positive integer (deprecated: verl's global micro-batch). Fix: "
+                          f"{replacement}=<rows per GPU> instead.")
+        elif dp is None:
             errors.append(f"{key}={value} (deprecated: verl's global micro-batch) is divided by world size // "
                           f"{sp_key} = {ws} // {sp!r}, which is not a positive data-parallel size. Fix: "
                           f"{replacement}=<rows per GPU> instead, and a {sp_key} that divides the world size.")

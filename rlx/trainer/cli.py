@@ -273,6 +273,7 @@ class _Job:
 
     def run(self) -> int:
         from rlx.config.loader import OverrideParseError
+        from rlx.config.value_types import ConfigValueError
         from rlx.trainer.check import check_before_ray
 
         args = self.args
@@ -287,7 +288,7 @@ class _Job:
             # every problem of every stage before Ray (unknown keys, the rules, the preflight), in one round
             checked = check_before_ray(args.overrides, args.config_dir, args.config_name, notes,
                                        composed=lambda cfg: setattr(self, "cfg", cfg))
-        except OverrideParseError as e:
+        except (OverrideParseError, ConfigValueError) as e:  # one line: the key, the value, the fix
             print(f"rlx: {e}", file=sys.stderr)
             return 2
         except ValueError as e:
