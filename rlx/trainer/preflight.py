@@ -178,8 +178,8 @@ def _check_model(key: str, path: str, problems: list[str], weights: bool = True)
         if cached:
             return cached
         what = "does not exist" if not os.path.exists(local) else "is not a directory"
-        hub = (f" (nor a model in the local Hugging Face cache; download it first: huggingface-cli download "
-               f"{path} --local-dir <dir>, then {key}=<dir>)" if _REPO_ID.match(path) else "")
+        hub = (f" (nor a model in the local Hugging Face cache; download it first: hf download {path} "
+               f"--local-dir <dir>, then {key}=<dir>)" if _REPO_ID.match(path) else "")
         problems.append(f"{key}={path!r} {what}{hub}. Fix: give a local HF model directory (config.json, tokenizer, "
                         f"weights) or a built-in model, e.g. {key}=builtin://tiny-qwen2.")
         return None
@@ -193,7 +193,7 @@ def _check_model(key: str, path: str, problems: list[str], weights: bool = True)
         missing.append("weights (*.safetensors or *.bin)")
     if missing:
         problems.append(f"{key}={path!r} is not a complete HF model directory: no {', no '.join(missing)}. Fix: point "
-                        f"{key} at the directory that save_pretrained / huggingface-cli download wrote.")
+                        f"{key} at the directory that save_pretrained / hf download wrote.")
         return None
     return local
 

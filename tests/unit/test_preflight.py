@@ -2,6 +2,8 @@
 with its key or file and the fix; the entry point exits 2 in seconds."""
 import os
 import shutil
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -79,7 +81,20 @@ def test_hub_id_not_in_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     msg = problems("actor_rollout_ref.model.path=someorg/some-model-that-is-not-here")
-    assert "huggingface-cli download someorg/some-model-that-is-not-here --local-dir" in msg
+    assert "download it first: hf download someorg/some-model-that-is-not-here --local-dir <dir>" in msg
+
+
+def test_the_download_command_named_is_the_one_installed():
+    """huggingface_hub ships `hf` (its `huggingface-cli` is gone): the fixes name `hf download`, which is installed
+    beside this python, and nothing the repository shows a user names the old command."""
+    bin_dir = os.path.dirname(sys.executable)
+    assert shutil.which("hf", path=bin_dir), f"no hf command in {bin_dir}"
+    repo = Path(__file__).resolve().parents[2]
+    shown = [repo / "README.md"] + [p for top in ("rlx", "docs", "scripts", "examples", "benchmarks")
+                                    for p in (repo / top).rglob("*")
+                                    if p.suffix in (".py", ".md", ".sh", ".yaml", ".txt")]
+    named = [str(p.relative_to(repo)) for p in shown if "huggingface-cli" in p.read_text(errors="replace")]
+    assert not named, f"these name huggingface-cli (gone from huggingface_hub; use hf download): {named}"
 
 
 def test_model_folder_without_tokenizer_or_weights(tmp_path, tiny_model_path):
