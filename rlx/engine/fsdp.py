@@ -63,6 +63,7 @@ def build_hf_model(path: str, role: str, dtype: torch.dtype, override_config: di
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     from rlx.models import resolve_model_path
+    from rlx.models.hf_compat import dtype_kwargs
 
     if external_lib:
         importlib.import_module(external_lib)
@@ -71,8 +72,8 @@ def build_hf_model(path: str, role: str, dtype: torch.dtype, override_config: di
     for k, v in (override_config or {}).items():
         setattr(config, k, v)
     config.use_cache = False
-    kwargs = dict(config=config, torch_dtype=dtype, trust_remote_code=trust_remote_code,
-                  attn_implementation=attn_implementation)
+    kwargs = dict(config=config, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
+                  **dtype_kwargs(dtype))
     auto: type[AutoModelForCausalLM] | type[AutoModelForTokenClassification] = AutoModelForCausalLM
     if role == "critic":
         config.num_labels = 1

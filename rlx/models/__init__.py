@@ -99,6 +99,8 @@ def _materialise(spec: dict, target: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    from rlx.models.hf_compat import dtype_kwargs
+
     tokenizer = build_byte_tokenizer()
     if "chat_template" in spec:  # a model whose conversations read differently (e.g. the tiny reward model)
         tokenizer.chat_template = spec["chat_template"]
@@ -110,5 +112,5 @@ def _materialise(spec: dict, target: Path) -> None:
     torch.manual_seed(spec.get("seed", 0))
     head = spec.get("head", "causal_lm")  # causal_lm | sequence_classification (a reward model, one label)
     auto = AutoModelForSequenceClassification if head == "sequence_classification" else AutoModelForCausalLM
-    model = auto.from_config(config, torch_dtype=torch.float32)
+    model = auto.from_config(config, **dtype_kwargs(torch.float32))
     save_whole(model, tokenizer, target)

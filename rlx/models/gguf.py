@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rlx.models.hf_compat import dtype_kwargs
 from rlx.models.store import save_whole
 
 
@@ -21,7 +22,7 @@ def load_gguf(gguf_path: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     directory, name = os.path.split(os.path.abspath(gguf_path))
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, **dtype_kwargs(torch.float32))
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     return model.eval(), tokenizer
 
@@ -37,7 +38,7 @@ def _plain_copy(model):
     config_dict.pop("_model_name_or_path", None)
     config_dict["dtype"] = "float32"
     config = AutoConfig.for_model(**config_dict)
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_config(config, **dtype_kwargs(torch.float32))
     missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     assert not unexpected and set(missing) <= tied, (missing, unexpected)

@@ -79,8 +79,10 @@ def random_model(cfg):
     import torch
     import transformers
 
+    from rlx.models.hf_compat import dtype_kwargs
+
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, **dtype_kwargs(torch.bfloat16))
     model.to_empty(device="cpu")
     _compute_buffers(model)
     if cfg.tie_word_embeddings:  # to_empty gave the tied head its own storage

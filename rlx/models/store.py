@@ -7,6 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rlx.models.hf_compat import no_progress_bars
+
 COMPLETE = ".rlx-complete"
 
 
@@ -15,7 +17,8 @@ def save_whole(model, tokenizer, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        with no_progress_bars():  # transformers' "Writing model shards" bar, for a file or two
+            model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / COMPLETE).touch()
         if target.exists():  # an incomplete leftover of an interrupted build

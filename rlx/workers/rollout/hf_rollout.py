@@ -24,8 +24,9 @@ class HFRollout:
         from transformers import AutoModelForCausalLM
 
         from rlx.models import resolve_model_path
+        from rlx.models.hf_compat import dtype_kwargs
 
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), torch_dtype=dtype,
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), **dtype_kwargs(dtype),
                                                      trust_remote_code=trust_remote_code, attn_implementation="sdpa")
         # transformers types PreTrainedModel.to as a functools.wraps wrapper that still expects `self`
         self.model = model.to(device).eval()  # type: ignore[arg-type]
