@@ -1,7 +1,8 @@
 """verl's import names for the users' files that rlx loads, served by rlx's own code when verl is not installed.
 
-A custom reward file (`custom_reward_function.path`), a dataset class (`data.custom_cls`) or a tool class (the
-tool YAML's `class_name`) written for verl imports verl's modules. Before rlx runs such a file, its loader calls
+A custom reward file (`custom_reward_function.path`), a dataset class (`data.custom_cls`), a tool class (the
+tool YAML's `class_name`) or an interaction class (the interaction YAML's `class_name`) written for verl imports
+verl's modules. Before rlx runs such a file, its loader calls
 `install()`: a finder at the end of `sys.meta_path` then answers the `verl.*` imports of `SERVED` with modules built
 from rlx's implementations of the same meaning and signature (rlx's rules equal verl's functions value for value).
 
@@ -47,6 +48,9 @@ SERVED: dict[str, dict[str, str]] = {
             "OpenAIFunctionToolSchema", "OpenAIFunctionSchema", "OpenAIFunctionParametersSchema",
             "OpenAIFunctionPropertySchema")},
         "ToolResponse": "rlx.workers.rollout.agent.tools:ToolResponse"},
+    "verl.interactions.base": {"BaseInteraction": "rlx.workers.rollout.agent.interactions:BaseInteraction"},
+    "verl.interactions.gsm8k_interaction": {
+        "Gsm8kInteraction": "rlx.workers.rollout.agent.interactions:Gsm8kInteraction"},
 }
 # the packages above them (empty but for their served names and submodules)
 PACKAGES = {".".join(m.split(".")[:i]) for m in SERVED for i in range(1, m.count(".") + 1)}

@@ -161,15 +161,27 @@ def write_timeline(cfg: RLXConfig) -> None:
 
 
 def last_checkpoint_note(cfg: RLXConfig) -> str:
-    """What is kept of the run in trainer.default_local_dir, for the line that ends a stopped run."""
+    """What is kept of the run in trainer.default_local_dir, and where the same command starts again under its
+    trainer.resume_mode, for the line that ends a stopped run."""
     from rlx.checkpoint.store import list_steps, step_dir
 
-    root = os.path.abspath(cfg.trainer.default_local_dir)
+    t = cfg.trainer
+    root = os.path.abspath(t.default_local_dir)
     steps = list_steps(root)
-    if not steps:
+    last = step_dir(root, steps[-1]) if steps else None
+    if t.resume_mode == "resume_path":
+        again = f"the same command resumes from trainer.resume_from_path={t.resume_from_path} again"
+        if last is None or os.path.abspath(t.resume_from_path or "") == last:
+            return f"{again[0].upper()}{again[1:]}."
+        return (f"The last complete checkpoint, {last}, is kept, but {again} (trainer.resume_mode=resume_path). "
+                f"To go on from it: trainer.resume_from_path={last}.")
+    if last is None:
         return "No checkpoint was saved (trainer.save_freq): the same command starts again from the first step."
-    return (f"The last complete checkpoint, {step_dir(root, steps[-1])}, is kept: the same command resumes "
-            f"from it (trainer.resume_mode=auto).")
+    if t.resume_mode == "disable":
+        return (f"The last complete checkpoint, {last}, is kept, but the same command starts again from the first "
+                f"step (trainer.resume_mode=disable). To resume from it: trainer.resume_mode=auto.")
+    return (f"The last complete checkpoint, {last}, is kept: the same command resumes from it "
+            f"(trainer.resume_mode=auto).")
 
 
 def run(cfg: RLXConfig, plan: JobPlan, inputs: DriverInputs | None = None):

@@ -18,6 +18,7 @@ from rlx.models import build_byte_tokenizer
 from rlx.reward.functions import load_reward_fn
 from rlx.reward.rules import gsm8k, math_boxed, math_minerva
 from rlx.workers.rollout.agent.gsm8k_tool import Gsm8kTool
+from rlx.workers.rollout.agent.interactions import BaseInteraction, Gsm8kInteraction, load_interactions
 from rlx.workers.rollout.agent.tools import call_tool, load_tools, schema_of
 
 from conftest import REPO
@@ -149,6 +150,47 @@ def test_a_verl_tool_class_loads_and_answers_as_rlx_s_gsm8k_tool(monkeypatch):
         assert mine.text == f"check_answer: {answer} scores {native_reward}"
         assert mine.reward == (0.0 if float(native_reward) > 0 else -0.1)  # the YAML's penalty
     assert tool._instances == {}  # released
+
+
+# ---- interactions ------------------------------------------------------------------------------------------
+def test_verl_interaction_classes_load_on_rlx_s_classes_and_answer(monkeypatch):
+    """An interaction YAML naming classes written on verl's BaseInteraction and Gsm8kInteraction loads as verl
+    loads it; the classes they extend are rlx's, and they answer turn by turn."""
+    monkeypatch.syspath_prepend(USER)
+    found = load_interactions(os.path.join(USER, "interaction_config.yaml"))
+    hint, polite = found["hint"], found["politegsm8k"]  # a name given, and verl's default name
+    assert isinstance(hint, BaseInteraction) and isinstance(polite, Gsm8kInteraction)
+    assert hint.name == "hint" and hint.max_hints == 1
+
+    async def conversation(agent, answers, truth="72"):
+        iid = await agent.start_interaction(None, ground_truth=truth)
+        turns = []
+        for answer in answers:
+            messages = [{"role": "user", "content": "2 x 36?"}, {"role": "assistant", "content": answer}]
+            turns.append(await agent.generate_response(iid, messages))
+        await agent.finalize_interaction(iid)
+        return turns
+
+    assert asyncio.run(conversation(hint, ["71", "#### 71"])) == [
+        (False, "Not yet: end with '#### <number>'.", 0.0, {"hints": 1}),
+        (True, "Not yet: end with '#### <number>'.", 0.0, {"hints": 2})]  # max_hints=1: the second ends it
+    assert asyncio.run(conversation(hint, ["#### 72"])) == [(True, "Correct.", 1.0, {})]
+    native = Gsm8kInteraction({"name": "gsm8k"})
+    for answer in ("#### 72", "#### 71", "72"):
+        done, reply, score, extra = asyncio.run(conversation(native, [answer]))[0]
+        assert asyncio.run(conversation(polite, [answer]))[0] == (done, "Thank you. " + reply, score, extra)
+    assert hint._instance_dict == {} and polite._state == {}  # finalized
+
+
+def test_an_interaction_importing_another_verl_module_fails_with_one_line(tmp_path, monkeypatch):
+    (tmp_path / "weather.py").write_text("from verl.interactions.weather_interaction import WeatherInteraction\n")
+    (tmp_path / "interaction.yaml").write_text("interaction:\n  - class_name: weather.WeatherInteraction\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError) as e:
+        load_interactions(str(tmp_path / "interaction.yaml"))
+    msg = str(e.value)
+    assert "\n" not in msg and "verl.interactions.weather_interaction is not one of the verl names rlx serves" in msg
+    assert "verl.interactions.base: BaseInteraction" in msg and "Gsm8kInteraction" in msg and "Fix:" in msg
 
 
 # ---- refusals, the console line, a real verl -----------------------------------------------------------------

@@ -23,6 +23,7 @@ import os
 import uuid
 from typing import Any, Optional
 
+from rlx import verl_names
 from rlx.reward.rules.gsm8k import compute_score
 
 KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
@@ -120,9 +121,13 @@ def load_interactions(path: Optional[str]) -> dict[str, BaseInteraction]:
 def _import(class_name: str, path: str) -> type:
     target = VERL_INTERACTION_CLASSES.get(class_name, class_name)
     module, _, attr = target.rpartition(".")
+    verl_names.install()  # a class written for verl imports its names: rlx serves them when verl is not installed
     try:
         cls = getattr(importlib.import_module(module), attr) if module else None
     except (ImportError, AttributeError) as e:
+        line = verl_names.refusal_of(e)
+        if line:
+            raise ValueError(f"{KEY}={path!r}: class_name {class_name!r} cannot be imported: {line}") from e
         raise ValueError(f"{KEY}={path!r}: class_name {class_name!r} cannot be imported ({e}). Fix: put its module "
                          f"on PYTHONPATH.") from e
     missing = [m for m in ("start_interaction", "generate_response", "finalize_interaction")
