@@ -56,7 +56,8 @@ def test_recipe_files_import_recipe_and_refused_engines_are_checked_as_they_are(
     examples.mkdir()
     (recipe / "myrec" / "helpers.py").write_text("def source():\n    return 'openai/gsm8k'\n")
     (recipe / "myrec" / "reward.py").write_text(
-        "from recipe.myrec.helpers import source\nfrom verl.utils.reward_score.gsm8k import compute_score as gsm8k\n\n\n"
+        "from recipe.myrec.helpers import source\n"
+        "from verl.utils.reward_score.gsm8k import compute_score as gsm8k\n\n\n"
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return gsm8k(solution_str, ground_truth) if data_source == source() else 0.0\n")
     (recipe / "myrec" / "interaction.yaml").write_text(
