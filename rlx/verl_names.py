@@ -10,7 +10,9 @@ from rlx's implementations of the same meaning and signature (rlx's rules equal 
   rlx serves instead (`refusal`); a name missing from a served module fails as Python's own ImportError, which the
   loaders turn into the same line.
 - A real verl is never shadowed: with verl importable (or already imported), `install()` does nothing, and the
-  finder, last on the path, is never asked for a module a real verl has.
+  finder answers `verl` only while no real verl is found. A folder named `verl` without `__init__.py` on the path
+  (a verl clone's root, next to where the job starts) is no verl: Python would import it as an empty namespace
+  package, so the finder goes first on `sys.meta_path`, ahead of that.
 - The targets are named by string and imported when a file asks for them, so this module imports nothing of rlx
   and every layer's loader may use it.
 """
@@ -75,14 +77,16 @@ def rollout_trace_op(func):
 
 
 def _real_verl() -> bool:
-    """Whether a verl other than this module's is imported or importable."""
+    """Whether a verl other than this module's is imported or importable (a namespace package, a folder named verl
+    without `__init__.py`, is not one)."""
     module = sys.modules.get("verl")
     if module is not None:
-        return not getattr(module, _MARK, False)
+        return not getattr(module, _MARK, False) and getattr(module, "__file__", None) is not None
     for finder in sys.meta_path:
         if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
             continue
-        if finder.find_spec("verl", None) is not None:
+        spec = finder.find_spec("verl", None)
+        if spec is not None and spec.origin not in (None, "namespace"):
             return True
     return False
 
@@ -90,11 +94,14 @@ def _real_verl() -> bool:
 def install() -> bool:
     """Serve verl's names to the files loaded from now on in this process, unless a real verl is there (then those
     files import it). Returns whether rlx serves them."""
+    module = sys.modules.get("verl")
+    if module is not None and not getattr(module, _MARK, False) and getattr(module, "__file__", None) is None:
+        del sys.modules["verl"]  # an empty namespace package imported before: served from now on
     if any(isinstance(f, _Finder) for f in sys.meta_path):
         return not _real_verl()
     if _real_verl():
         return False
-    sys.meta_path.append(_Finder())
+    sys.meta_path.insert(0, _Finder())
     return True
 
 
@@ -151,6 +158,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path, target=None):
         if fullname != "verl" and not fullname.startswith("verl."):
             return None
+        if fullname == "verl" and _real_verl():
+            return None  # installed since: the real one
         if fullname != "verl" and not getattr(sys.modules.get("verl"), _MARK, False):
             return None  # a real verl's submodule
         if fullname in SERVED or fullname in PACKAGES:

@@ -24,8 +24,12 @@ defaults, arithmetic), then only the machine-bound values are swapped:
 - trainer.default_local_dir -> a temporary directory; custom_reward_function.path and --config-path naming a file of
   the script's machine under examples/ or recipe/ -> the checkout's (`--config-path=config` stays: as in Hydra it is
   the trainer's own config dir).
+- with --recipe, the checkout is importable as the package `recipe` (verl mounts verl-recipe as recipe/ and runs
+  from its own root, so a recipe's files import `recipe.<name>.<module>`).
 Commands for other trainers (Megatron, SGLang / TensorRT-LLM rollouts, other strategies) and other entry points
-(recipe.*.main_*) are counted apart and not checked.
+(recipe.*.main_*) are counted apart and not checked; `--engines` checks the SGLang / TensorRT-LLM ones too, as they
+are, counted apart: rlx refuses their engine in one line and `--check` goes on, so the count of those refused for the
+engine alone says how many would pass with `actor_rollout_ref.rollout.name=vllm`.
 
 Printed: the counts (composed = the config composes and types, passed = `--check` exits 0), the first refusal of
 each refused command grouped by stage and key, with a count and an example, then every refusal named (validation
@@ -63,10 +67,13 @@ MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "critic.model
 # files a script names beside itself or in verl's tree: mapped to the checkout's copies (see map_path)
 PATH_KEYS = ("custom_reward_function.path", "actor_rollout_ref.rollout.multi_turn.tool_config_path",
              "actor_rollout_ref.rollout.multi_turn.function_tool_path",
-             "actor_rollout_ref.rollout.agent.agent_loop_config_path", "data.custom_cls.path")
+             "actor_rollout_ref.rollout.agent.agent_loop_config_path", "data.custom_cls.path",
+             "actor_rollout_ref.rollout.multi_turn.interaction_config_path")
 SP_KEYS = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
            "actor_rollout_ref.ref.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size")
 KEY = re.compile(r"\+{0,2}([A-Za-z_][\w]*(?:\.[\w]+)+)")
+REFUSED_ENGINES = ("sglang", "trtllm")  # rollout engines rlx refuses by name: checked as they are with --engines
+ENGINE_KEY = "actor_rollout_ref.rollout.name"
 
 
 @dataclass
@@ -83,6 +90,24 @@ class Result:
     @property
     def composed(self) -> bool:
         return self.stage in ("passed", "validate", "preflight")
+
+    @property
+    def checked(self) -> bool:
+        return self.code is not None
+
+
+def engine_refusal(stage: str, problem: str) -> bool:
+    """Whether a refusal is the engine's: rollout.name, or the refused engine's own engine_kwargs (which go with it)."""
+    key = reason_key(stage, problem)
+    return key == f"validate: {ENGINE_KEY}" or any(
+        key == f"validate: actor_rollout_ref.rollout.engine_kwargs.{e}" for e in REFUSED_ENGINES)
+
+
+def engine_only(r: Result) -> bool:
+    """Whether every refusal of a command for an engine rlx refuses is the engine's: with
+    `actor_rollout_ref.rollout.name=vllm` (and its engine_kwargs moved or dropped) it would pass --check."""
+    problems = all_refusals(r)
+    return r.stage == "validate" and bool(problems) and all(engine_refusal(r.stage, p) for p in problems)
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -215,6 +240,17 @@ def map_path(value: str, roots: dict[str, str], script_dir: str | None = None) -
     return value
 
 
+def import_root(recipe: str, work: str) -> str:
+    """A folder in which the verl-recipe checkout is the package `recipe`, as in verl's tree (a `recipe` link):
+    put on the path of each --check (`run_check`)."""
+    root = os.path.join(work, "import_root")
+    os.makedirs(root, exist_ok=True)
+    link = os.path.join(root, "recipe")
+    if not os.path.lexists(link):
+        os.symlink(recipe, link)
+    return root
+
+
 def _int(text, default: int) -> int:
     try:
         return int(text)
@@ -223,14 +259,19 @@ def _int(text, default: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- running --check
-def run_check(argv: list[str], in_process: bool) -> tuple[int, str]:
+def run_check(argv: list[str], in_process: bool, path: tuple[str, ...] = ()) -> tuple[int, str]:
+    """--check's exit code and output; `path`: folders the users' files import from (first on the path)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*path, *filter(None, [os.environ.get("PYTHONPATH")])]))
     if not in_process:
         proc = subprocess.run([sys.executable, "-m", "rlx.trainer.main_ppo", *argv, "--check"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=600, env=env)
         return proc.returncode, proc.stdout + proc.stderr
     from rlx.trainer.main_ppo import main
 
     buf = io.StringIO()
+    saved, saved_env = list(sys.path), dict(os.environ)
+    sys.path[:0] = path
+    os.environ.update(env)  # the processes the check starts (the reward file's scoring pool) import from there too
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
         try:
             code = main([*argv, "--check"])
@@ -239,6 +280,10 @@ def run_check(argv: list[str], in_process: bool) -> tuple[int, str]:
         except Exception as e:  # noqa: BLE001 - an uncaught error is what the harness reports
             print(f"uncaught {type(e).__name__}: {e}")
             code = 1
+        finally:
+            sys.path[:] = saved
+            os.environ.clear()
+            os.environ.update(saved_env)
     return code, buf.getvalue()
 
 
@@ -319,7 +364,7 @@ def data_fitting(data_dir: str, work: str, max_prompt_length: int) -> str:
 # ---------------------------------------------------------------------------------------------- report
 def report(results: list[Result], others: collections.Counter, scripts: int) -> str:
     checked = [r for r in results if r.kind == "fsdp"]
-    kinds = collections.Counter(r.kind for r in results if r.kind != "fsdp")
+    kinds = collections.Counter(r.kind for r in results if r.kind != "fsdp" and not r.checked)
     lines = [f"{scripts} scripts; {len(results)} `{MODULE}` commands",
              "  other trainers, not checked: " + (", ".join(f"{k} {n}" for k, n in kinds.most_common()) or "none"),
              "  other entry points, not checked: " + (", ".join(f"{k} {n}" for k, n in others.most_common())
@@ -345,6 +390,16 @@ def report(results: list[Result], others: collections.Counter, scripts: int) -> 
     lines += ["", "Every refusal named (commands it blocks, first or not):"]
     for key, where in sorted(every.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         lines.append(f"  {len(where):>5}  {key}")
+    engines = [r for r in results if r.kind in REFUSED_ENGINES and r.checked]
+    if engines:
+        lines += ["", f"Commands for a rollout engine rlx refuses, checked as they are (--engines): {len(engines)}",
+                  f"  refused for the engine alone ({ENGINE_KEY} and its engine_kwargs; would pass with =vllm): "
+                  f"{sum(engine_only(r) for r in engines)}",
+                  "  refused for more (every refusal but the engine's):"]
+        for r in engines:
+            if not engine_only(r):
+                rest = [reason_key(r.stage, p) for p in all_refusals(r) if not engine_refusal(r.stage, p)]
+                lines.append(f"    {r.script}:{r.line}  {'; '.join(rest) or r.stage + ': ' + r.first[:120]}")
     unnamed = [r for r in checked if r.stage != "passed" and not KEY.search(r.first)]
     if unnamed:
         lines += ["", f"Refusals that name no config key: {len(unnamed)}"]
@@ -361,6 +416,8 @@ def main(argv=None) -> int:
     parser.add_argument("--work", help="scratch directory (default: a new temporary one)")
     parser.add_argument("--subprocess", action="store_true",
                         help="run each --check as its own process (slower; default: in this process)")
+    parser.add_argument("--engines", action="store_true",
+                        help="check the commands for SGLang / TensorRT-LLM rollouts too, as they are (counted apart)")
     parser.add_argument("--only", help="check only the scripts whose path contains this text")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every command's result")
     parser.add_argument("--json", help="write every command's result to this file")
@@ -373,8 +430,10 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     roots = {"examples": os.path.abspath(args.examples)}
+    imports: tuple[str, ...] = ()  # where the users' files import from
     if args.recipe:
         roots["recipe"] = os.path.abspath(args.recipe)
+        imports = (import_root(roots["recipe"], work),)
     results, others, scripts = [], collections.Counter(), 0
     for root in roots.values():
         for path in sorted(glob.glob(os.path.join(root, "**", "*.sh"), recursive=True)):
@@ -388,10 +447,10 @@ def main(argv=None) -> int:
                     continue
                 r = Result(os.path.relpath(path, os.path.dirname(root)), cmd.line, trainer_kind(cmd, roots))
                 results.append(r)
-                if r.kind != "fsdp":
+                if r.kind != "fsdp" and not (args.engines and r.kind in REFUSED_ENGINES):
                     continue
                 r.argv = swap(cmd, data_dir, work, roots, len(results))
-                r.code, r.output = run_check(r.argv, not args.subprocess)
+                r.code, r.output = run_check(r.argv, not args.subprocess, imports)
                 r.stage, r.first = classify(r.code, r.output)
                 if args.verbose:
                     print(f"[{r.stage:>9}] {r.script}:{r.line}  {r.first[:160]}", flush=True)

@@ -27,6 +27,9 @@ NOT_KEYS = {
     "actor_rollout_ref.model.torch_dtype": "a key of verl's scripts that verl 0.9.1 lacks too",
     "reward_model.sandbox_fusion": "an older verl's section, refused",
     "reward_model.sandbox_fusion.url": "an older verl's key, refused",
+    "data.sampler": "verl's curriculum-sampler section, which rlx does not have (verl_commands.md lists it)",
+    "data.return_multi_modal_inputs": "a verl key rlx does not have (verl_commands.md lists it)",
+    "trainer.tensorboard_dir": "a key of a recipe script that rlx does not have (verl_commands.md lists it)",
 }
 
 

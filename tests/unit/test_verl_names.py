@@ -226,6 +226,27 @@ def test_other_verl_imports_fail_with_one_line_naming_the_module_and_what_rlx_se
     assert "verl.tools.base_tool: BaseTool" in str(e.value)
 
 
+def test_a_folder_named_verl_without_init_is_no_verl(tmp_path, monkeypatch):
+    """A verl clone's root folder on the path (the job started next to it) would import as an empty namespace
+    package `verl`: the user's files are served all the same, whether or not that package was imported first."""
+    (tmp_path / "verl" / "examples").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "verl", raising=False)
+    pairs = list(zip(GSM8K_RESPONSES, GSM8K_TRUTHS))
+    expected = [gsm8k.compute_score(r, t, method="flexible", format_score=0.1) for r, t in pairs]
+    for imported_first in (False, True):
+        for name in [n for n in sys.modules if n == "verl" or n.startswith("verl.")]:
+            del sys.modules[name]
+        if imported_first:
+            import verl  # noqa: F401 -- the namespace package
+            assert getattr(sys.modules["verl"], "__file__", None) is None
+        fn = reward("gsm8k_reward.py")
+        assert [fn("openai/gsm8k", r, t) for r, t in pairs] == expected
+        assert getattr(sys.modules["verl"], "__rlx_serves_verl__", False)
+    for name in [n for n in sys.modules if n == "verl" or n.startswith("verl.")]:
+        del sys.modules[name]
+
+
 def test_the_served_names_are_said_once_by_the_preflight(caplog, monkeypatch):
     from rlx.trainer.preflight import preflight
 
