@@ -140,6 +140,20 @@ def refusal_of(e: BaseException) -> Optional[str]:
     return refusal(module)
 
 
+def import_user_object(dotted: str, what: str, fix: str):
+    """`package.module.name` from a user's file, with verl's names served (`install`). A failed import is a
+    ValueError: `<what> cannot be imported: <the refusal line>` for a verl name rlx does not serve, else
+    `<what> cannot be imported (<error>). Fix: <fix>`."""
+    module, _, name = dotted.rpartition(".")
+    install()
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        line = refusal_of(e)
+        raise ValueError(f"{what} cannot be imported: {line}" if line else
+                         f"{what} cannot be imported ({e}). Fix: {fix}") from e
+
+
 def served_line() -> Optional[str]:
     """Once per process: the verl names rlx served to the users' files so far (None when none, or said already)."""
     new = [m for m in _served if m in SERVED and m not in _reported]

@@ -17,7 +17,6 @@ The YAML is verl's:
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import uuid
@@ -120,16 +119,8 @@ def load_interactions(path: Optional[str]) -> dict[str, BaseInteraction]:
 
 def _import(class_name: str, path: str) -> type:
     target = VERL_INTERACTION_CLASSES.get(class_name, class_name)
-    module, _, attr = target.rpartition(".")
-    verl_names.install()  # a class written for verl imports its names: rlx serves them when verl is not installed
-    try:
-        cls = getattr(importlib.import_module(module), attr) if module else None
-    except (ImportError, AttributeError) as e:
-        line = verl_names.refusal_of(e)
-        if line:
-            raise ValueError(f"{KEY}={path!r}: class_name {class_name!r} cannot be imported: {line}") from e
-        raise ValueError(f"{KEY}={path!r}: class_name {class_name!r} cannot be imported ({e}). Fix: put its module "
-                         f"on PYTHONPATH.") from e
+    cls = verl_names.import_user_object(target, f"{KEY}={path!r}: class_name {class_name!r}",
+                                        "put its module on PYTHONPATH.") if "." in target else None
     missing = [m for m in ("start_interaction", "generate_response", "finalize_interaction")
                if not inspect.iscoroutinefunction(getattr(cls, m, None))]
     if not isinstance(cls, type) or missing:

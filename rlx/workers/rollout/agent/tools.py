@@ -128,15 +128,8 @@ def _import(path: str):
     module, _, name = path.rpartition(".")
     if not module:
         raise ValueError(f"tool class_name {path!r} must be a dotted path package.module.Class")
-    verl_names.install()  # a tool written for verl imports its names: rlx serves them when verl is not installed
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        line = verl_names.refusal_of(e)
-        if line:
-            raise ValueError(f"tool class_name {path!r} cannot be imported: {line}") from e
-        raise ValueError(f"tool class_name {path!r} cannot be imported ({e}); put its module on PYTHONPATH "
-                         f"(rollout.multi_turn.tool_config_path)") from e
+    return verl_names.import_user_object(path, f"tool class_name {path!r}", "put its module on PYTHONPATH "
+                                         "(rollout.multi_turn.tool_config_path)")
 
 
 def load_tool_config(path: str) -> list[BaseTool]:
