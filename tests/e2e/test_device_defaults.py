@@ -64,7 +64,8 @@ def test_cluster_doc_submit_example_is_complete(monkeypatch):
     block = _doc_submit_block()
     assert "..." not in block, block
     assert "export RAY_AUTH_MODE=token" in block and "export RAY_AUTH_TOKEN=" in block, block
-    command = next(c for c in block.replace("\\\n", " ").splitlines() if c.strip().startswith("ray job submit"))
+    lines = block.replace("\\\n", " ").splitlines()
+    command = next(c for c in lines if c.strip().startswith(".venv/bin/ray job submit"))
     argv = shlex.split(command)
     dash = argv.index("--")
     flags = [a for a in argv[3:dash] if a.startswith("--")]
@@ -74,7 +75,8 @@ def test_cluster_doc_submit_example_is_complete(monkeypatch):
     for flag in flags:
         assert flag in help_text, flag
     assert os.path.exists(os.path.join(REPO, argv[argv.index("--runtime-env") + 1]))
-    assert argv[dash + 1:dash + 4] == ["python", "-m", "rlx.trainer.main_ppo"], argv
+    # the venv's python by its absolute path on the nodes (a bare `python` there lacks rlx's dependencies)
+    assert argv[dash + 1:dash + 4] == ["$PWD/.venv/bin/python", "-m", "rlx.trainer.main_ppo"], argv
     overrides = argv[dash + 4:]
     # as the job's driver sees it: RAY_ADDRESS set by the job supervisor, inside a Ray job
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")

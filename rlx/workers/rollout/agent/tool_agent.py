@@ -90,7 +90,7 @@ class ToolAgentLoop(AgentLoop):
                        (extra_info or {}).get("tools_kwargs") or {}, sample_index)
         extra: dict = {}
         ids, text = await self._generate(server, t)
-        if self.ctx.interactions and mt.num_repeat_rollouts:  # the trained turn is the first; futures score it
+        if mt.num_repeat_rollouts and self.ctx.interactions:  # the trained turn is the first; futures score it
             futures = [copy.deepcopy(t) for _ in range(mt.num_repeat_rollouts)] if self._goes_on(t) else []
             for k, f in enumerate(futures):  # each with its own interaction instance and its own sampling seed
                 f.sample_index += (k + 1) * FUTURE_SEED_STRIDE
